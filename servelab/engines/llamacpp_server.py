@@ -1,0 +1,70 @@
+"""Launcher for the embedded default engine: llama.cpp's native server from the `xllamacpp` wheel.
+
+Run as its own process (`python -m servelab.engines.llamacpp_server --model X --port P ...`) so that servelab
+supervises it exactly like any other engine: its own process group, its log captured to a file, a clean stop.
+The flags mirror llama-server's long names so the command line reads like the real thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m servelab.engines.llamacpp_server")
+    p.add_argument("--model", "-m", required=True, help="GGUF file")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--parallel", "-np", type=int, default=8, help="slots (concurrent sequences)")
+    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--threads-batch", "-tb", type=int, default=None)
+    p.add_argument("--ctx-size", "-c", type=int, default=8192, help="total context, split across slots")
+    p.add_argument("--alias", "-a", default=None, help="model name served in /v1/models")
+    p.add_argument("--no-cont-batching", "-nocb", action="store_true")
+    p.add_argument("--no-metrics", action="store_true", help="disable the Prometheus /metrics endpoint")
+    p.add_argument("--verbosity", "-lv", type=int, default=3)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import xllamacpp as xlc  # imported late: --help should not pay for loading the native library
+
+    p = xlc.CommonParams()
+    p.model.path = args.model
+    p.hostnames = [args.host]
+    p.port = args.port
+    p.n_parallel = args.parallel
+    p.n_ctx = args.ctx_size
+    p.cpuparams.n_threads = args.threads
+    p.cpuparams_batch.n_threads = args.threads_batch or args.threads
+    p.cont_batching = not args.no_cont_batching
+    p.endpoint_metrics = not args.no_metrics
+    p.verbosity = args.verbosity
+    if args.alias:
+        p.model_alias = {args.alias}
+
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"servelab launcher: xllamacpp server starting on http://{args.host}:{args.port}", file=sys.stderr,
+          flush=True)
+    try:
+        server = xlc.Server(p)  # loads the model and serves HTTP from native threads
+    except Exception as exc:  # the native side reports load errors as exceptions
+        print(f"servelab launcher: failed to start: {exc}", file=sys.stderr, flush=True)
+        return 1
+    stop.wait()
+    del server  # the destructor stops the HTTP server and frees the model
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""The records every part of servelab shares.
+
+Each arrow of the flow (launch -> verify -> bench -> metrics -> store -> report) passes one of these. They are
+pydantic models so that `--json`, the run directory and the report all emit the same shapes; every JSON
+document servelab writes carries `schema_version`.
+
+Times inside a run are `time.perf_counter_ns()` values (monotonic, only meaningful relative to each other);
+wall-clock time appears only in provenance (`started_at`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from servelab import SCHEMA_VERSION
+
+# --------------------------------------------------------------------------------------------------------------
+# Requests, as they happened
+# --------------------------------------------------------------------------------------------------------------
+
+TokenKind = Literal["answer", "reasoning"]
+
+# How the tokens of a stream were counted. Ordered from best to worst; a record says which one it used.
+#   server_per_chunk  the server reported a running token count on every chunk (llama.cpp `timings.predicted_n`,
+#                     vLLM/SGLang `continuous_usage_stats`), so each event's count is the difference of two counts
+#   client_tokenizer  the client tokenized the accumulated text after the run (never chunk by chunk)
+#   chunk_count       one token per content-bearing chunk: a last resort, always labelled as such
+CountMethod = Literal["server_per_chunk", "client_tokenizer", "chunk_count"]
+
+ErrorKind = Literal[
+    "http",  # non-2xx status
+    "in_band",  # a 200 stream that carried {"error": ...}
+    "timeout_connect",
+    "timeout_first_byte",
+    "timeout_idle",  # the gap between two events exceeded the idle deadline
+    "timeout_total",
+    "disconnect",  # the connection closed before the stream ended properly
+    "parse",  # the body was not what an OpenAI-compatible server sends (HTML, invalid JSON)
+    "cancelled",  # stopped by the user (Ctrl-C) while in flight
+]
+
+
+class TokenEvent(BaseModel):
+    """One received SSE event that carried generated tokens."""
+
+    model_config = ConfigDict(frozen=True)
+
+    t_ns: int  # receive time (perf_counter_ns), taken right after the socket read that completed the event
+    kind: TokenKind
+    tokens: int  # tokens this event carried, counted by the record's `count_method`
+    text: str = ""
+
+
+class Usage(BaseModel):
+    """The server's own accounting (`usage` object), as reported."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    reasoning_tokens: int | None = None  # SGLang top-level, or vLLM completion_tokens_details.reasoning_tokens
+    cached_tokens: int | None = None
+
+
+class RequestRecord(BaseModel):
+    """One request as it happened. Every benchmark figure is a pure function of a list of these."""
+
+    index: int
+    tag: str = ""  # which load level / phase it belonged to, e.g. "single", "c8"
+    warmup: bool = False
+    endpoint: str  # e.g. "/v1/chat/completions"
+    stream: bool = True
+    input_tokens: int | None = None  # prompt tokens as sent, when the workload knows them
+    max_tokens: int | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+
+    scheduled_ns: int | None = None  # when the load generator meant to send it (open loop); lag = send - scheduled
+    t_send_ns: int
+    t_headers_ns: int | None = None
+    t_end_ns: int | None = None  # end of stream ([DONE], or the last byte)
+
+    events: list[TokenEvent] = Field(default_factory=list)
+    count_method: CountMethod = "chunk_count"
+    chunks: int = 0  # SSE data events received (including ones with no tokens)
+    usage: Usage | None = None
+    finish_reason: str | None = None
+
+    ok: bool = False
+    http_status: int | None = None
+    error_kind: ErrorKind | None = None
+    error_detail: str | None = None
+
+    # ---- derived views (pure functions of the fields above) ----
+    @property
+    def output_tokens(self) -> int:
+        return sum(e.tokens for e in self.events)
+
+    @property
+    def answer_tokens(self) -> int:
+        return sum(e.tokens for e in self.events if e.kind == "answer")
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return sum(e.tokens for e in self.events if e.kind == "reasoning")
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events if e.kind == "answer")
+
+    @property
+    def reasoning_text(self) -> str:
+        return "".join(e.text for e in self.events if e.kind == "reasoning")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------------------------------
+
+
+class Distribution(BaseModel):
+    n: int
+    mean: float
+    min: float
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    max: float
+
+
+class Figure(BaseModel):
+    """One number with its meaning attached: the definition's anchor in docs/metrics.md and how it was counted."""
+
+    value: float | None  # the headline value (for a distribution: the statistic the definition names)
+    unit: str
+    definition: str  # anchor in docs/metrics.md, e.g. "decode-tok-s"
+    counted_by: CountMethod | Literal["mixed"] | None = None
+    dist: Distribution | None = None
+    note: str | None = None
+
+
+class Summary(BaseModel):
+    """The figures for one load level."""
+
+    tag: str
+    mode: Literal["single", "concurrency"]
+    concurrency: int
+    requests: int  # measured requests (warm-up excluded)
+    ok: int
+    failed: int
+    errors: dict[str, int] = Field(default_factory=dict)  # error_kind -> count
+    window_s: float  # the measurement window aggregate rates are computed over
+    figures: dict[str, Figure] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)
+
+
+class BenchResult(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    url: str
+    model: str
+    mode: Literal["single", "sweep"]
+    workload: dict[str, Any]
+    levels: list[Summary]
+    headline: dict[str, Figure] = Field(default_factory=dict)  # e.g. "single.decode_tok_s", "peak.output_tok_s"
+    stop_reason: str | None = None
+    interrupted: bool = False
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Start-up, verdicts, checks
+# --------------------------------------------------------------------------------------------------------------
+
+
+class Phase(BaseModel):
+    name: str  # e.g. "initializing", "loading weights", "warm-up", "ready"
+    start_s: float  # seconds since launch
+    end_s: float | None = None
+    progress: float | None = None  # 0..1 when the log says (n/total)
+    detail: str | None = None
+
+
+VerdictState = Literal["starting", "loading", "ready", "stalled", "crashed"]
+
+
+class Verdict(BaseModel):
+    state: VerdictState
+    reason: str
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class LintFinding(BaseModel):
+    setting: str
+    severity: Literal["info", "warn", "serious"]
+    why: str
+
+
+class LaunchResult(BaseModel):
+    engine: str
+    url: str | None
+    ready_s: float | None
+    phases: list[Phase] = Field(default_factory=list)
+    verdict: Verdict
+    log_path: str | None = None
+    lint: list[LintFinding] = Field(default_factory=list)
+
+
+CheckOutcome = Literal["pass", "fail", "warn", "skip"]
+
+
+class CheckResult(BaseModel):
+    id: str
+    title: str
+    outcome: CheckOutcome
+    reason: str
+    request: dict[str, Any] | None = None
+    response_excerpt: str | None = None
+    duration_ms: float | None = None
+
+
+class VerifyResult(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    url: str
+    model: str | None
+    checks: list[CheckResult]
+
+    @property
+    def failed(self) -> bool:
+        return any(c.outcome == "fail" for c in self.checks)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Provenance and the whole run
+# --------------------------------------------------------------------------------------------------------------
+
+
+class HostInfo(BaseModel):
+    hostname: str
+    os: str
+    python: str
+    cpu_model: str | None
+    cpu_cores_logical: int | None
+    cpu_cores_physical: int | None
+    ram_bytes: int | None
+    gpus: list[dict[str, Any]] = Field(default_factory=list)
+    gpu_driver: str | None = None
+
+
+class Provenance(BaseModel):
+    started_at: str  # ISO-8601 wall clock
+    servelab_version: str
+    servelab_git_revision: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    command: list[str] | None = None  # exact command line of the engine, secrets redacted
+    env: dict[str, str] = Field(default_factory=dict)  # relevant environment, secrets redacted
+    model: str | None = None
+    model_path: str | None = None
+    model_size_bytes: int | None = None
+    model_format: str | None = None
+    host: HostInfo | None = None
+
+
+class RunSummary(BaseModel):
+    """What `servelab run` writes as summary.json."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    status: Literal["complete", "interrupted", "failed"]
+    error: str | None = None
+    provenance: Provenance
+    launch: LaunchResult | None = None
+    verify: VerifyResult | None = None
+    single: BenchResult | None = None
+    sweep: BenchResult | None = None
+    headline: dict[str, Figure] = Field(default_factory=dict)
