@@ -1,0 +1,61 @@
+"""Shared fixtures. The real embedded engine (xllamacpp + SmolLM2) is started once per test session."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from servelab.models import resolve_model
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_health(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"embedded engine exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(0.05)
+    raise RuntimeError("embedded engine did not become ready in time")
+
+
+@pytest.fixture(scope="session")
+def embedded_server(tmp_path_factory) -> dict:
+    """A running xllamacpp server with SmolLM2, 8 slots, 2 threads. Yields {url, model, log}."""
+    model = resolve_model("smollm2")
+    port = free_port()
+    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "servelab.engines.llamacpp_server", "--model", str(model.path),
+             "--port", str(port), "--parallel", "8", "--threads", "2", "--alias", model.served_name],
+            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_health(url, proc)
+        yield {"url": url, "model": model.served_name, "log": Path(log)}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
