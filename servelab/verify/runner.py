@@ -1,0 +1,91 @@
+"""Run the registered checks against one server, each under its own deadline, and collect a VerifyResult.
+
+The order of events: validate the arguments, probe that the server accepts connections (a UserError if not, so
+the CLI prints one line and exits 2), then run the checks in registry order. A check that fails, hangs past its
+deadline or meets a broken server becomes a failed CheckResult and the run goes on; only bugs propagate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from servelab.errors import UserError
+from servelab.records import CheckResult, VerifyResult
+from servelab.verify.checks import CHECKS, Check, CheckContext, CheckFailed, Evidence, Verdict, discover_model
+from servelab.verify.http import BadResponse, ensure_reachable, new_session, normalize_base_url
+
+
+def select_checks(only: list[str] | None, skip: list[str] | None) -> dict[str, str | None]:
+    """For each registered check id, None if it runs, else why not. Unknown ids are a UserError."""
+    known = [c.id for c in CHECKS]
+    for name in (only or []) + (skip or []):
+        if name not in known:
+            raise UserError(f"unknown check '{name}'", hint=f"known checks: {', '.join(known)}")
+    why_not: dict[str, str | None] = {}
+    for check_id in known:
+        if only and check_id not in only:
+            why_not[check_id] = "not selected"
+        elif skip and check_id in skip:
+            why_not[check_id] = "skipped on request"
+        else:
+            why_not[check_id] = None
+    return why_not
+
+
+async def run_one(check: Check, ctx: CheckContext, timeout_s: float) -> CheckResult:
+    evidence = Evidence()
+    started = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout_s):
+            verdict = await check.run(ctx, evidence)
+    except TimeoutError:
+        verdict = Verdict("fail", f"timed out after {timeout_s:g}s")
+    except BadResponse as exc:
+        verdict = Verdict("fail", str(exc))
+        evidence.response_excerpt = evidence.response_excerpt or exc.excerpt
+    except CheckFailed as exc:
+        verdict = Verdict("fail", str(exc))
+    return CheckResult(id=check.id, title=check.title, outcome=verdict.outcome, reason=verdict.reason,
+                       request=evidence.request, response_excerpt=evidence.response_excerpt,
+                       duration_ms=round((time.perf_counter() - started) * 1000, 1))
+
+
+async def run_checks(url: str, model: str | None = None, only: list[str] | None = None,
+                     skip: list[str] | None = None, check_timeout_s: float = 30.0) -> VerifyResult:
+    """Verify the OpenAI-compatible server at `url` (with or without a trailing /v1).
+
+    `model` defaults to the first one the server lists. `only` / `skip` take check ids (see `CHECKS`); checks not
+    run appear with outcome "skip". Raises UserError for bad arguments or a server that cannot be connected to.
+    """
+    if check_timeout_s <= 0:
+        raise UserError(f"check timeout must be positive, got {check_timeout_s:g}s")
+    base_url = normalize_base_url(url)
+    why_not = select_checks(only, skip)
+    await ensure_reachable(base_url)
+
+    async with new_session() as session:
+        ctx = CheckContext(session=session, base_url=base_url, model=model)
+        if ctx.model is None and why_not["models"] is not None:
+            # The models check would have picked the model; do the same quietly, within the same deadline.
+            try:
+                async with asyncio.timeout(check_timeout_s):
+                    ctx.model = await discover_model(ctx)
+            except TimeoutError:
+                pass  # the checks that need a model are then skipped, saying so
+        for check in CHECKS:
+            reason = why_not[check.id]
+            if reason is None and check.needs_model and ctx.model is None:
+                reason = "no model to ask for: none was given and none could be listed"
+            if reason is not None:
+                result = CheckResult(id=check.id, title=check.title, outcome="skip", reason=reason)
+            else:
+                result = await run_one(check, ctx, check_timeout_s)
+            ctx.results[check.id] = result
+    return VerifyResult(url=base_url, model=ctx.model, checks=list(ctx.results.values()))
+
+
+def verify(url: str, model: str | None = None, only: list[str] | None = None, skip: list[str] | None = None,
+           check_timeout_s: float = 30.0) -> VerifyResult:
+    """`run_checks` for callers without an event loop (the CLI). Not callable from inside a running loop."""
+    return asyncio.run(run_checks(url, model=model, only=only, skip=skip, check_timeout_s=check_timeout_s))
