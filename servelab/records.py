@@ -30,6 +30,7 @@ TokenKind = Literal["answer", "reasoning"]
 CountMethod = Literal["server_per_chunk", "client_tokenizer", "chunk_count"]
 
 ErrorKind = Literal[
+    "connect",  # connection refused, unknown host
     "http",  # non-2xx status
     "in_band",  # a 200 stream that carried {"error": ...}
     "timeout_connect",
@@ -82,7 +83,8 @@ class RequestRecord(BaseModel):
 
     events: list[TokenEvent] = Field(default_factory=list)
     count_method: CountMethod = "chunk_count"
-    chunks: int = 0  # SSE data events received (including ones with no tokens)
+    chunks: int = 0  # SSE data events received (including ones with no tokens), [DONE] excluded
+    saw_done: bool = False  # the stream ended with `data: [DONE]`
     usage: Usage | None = None
     finish_reason: str | None = None
 

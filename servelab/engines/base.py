@@ -69,6 +69,10 @@ class EngineAdapter:
     # Extra request fields that make the server report a running token count on every chunk. Empty when the
     # engine would reject unknown fields (transformers serve answers 422).
     stream_extras: ClassVar[dict[str, Any]] = {}
+    # Whether requests may carry `ignore_eos` (fixed output length). Engines that reject unknown fields must say no.
+    accepts_ignore_eos: ClassVar[bool] = False
+    # How to recognise this engine behind a URL: GET this path; `fingerprint` judges the JSON answer.
+    fingerprint_path: ClassVar[str | None] = None
     # Prometheus metric names by meaning (ttft, itl, running, waiting, kv_usage, spec_drafted, spec_accepted, ...).
     metric_names: ClassVar[dict[str, str]] = {}
     # Where an engine that is running can be asked what it was started with.
@@ -86,6 +90,9 @@ class EngineAdapter:
         if status == 503:
             return "loading"
         return "unknown"
+
+    def fingerprint(self, body: Any) -> bool:
+        return False
 
     def lint(self, spec: EngineSpec, command: list[str], runtime_config: dict[str, Any] | None = None
              ) -> list[LintFinding]:

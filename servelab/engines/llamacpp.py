@@ -50,6 +50,8 @@ class LlamaCppEmbedded(EngineAdapter):
     # `timings_per_token` makes every chunk carry `timings.predicted_n`, the server's running count of generated
     # tokens: exact per-event token counts without a client tokenizer.
     stream_extras = {"timings_per_token": True}
+    accepts_ignore_eos = True
+    fingerprint_path = "/props"
     metric_names = {
         "prompt_tokens": "llamacpp:prompt_tokens_total",
         "generated_tokens": "llamacpp:tokens_predicted_total",
@@ -79,6 +81,10 @@ class LlamaCppEmbedded(EngineAdapter):
         return Launch(command=command, env=dict(spec.env), url=f"http://{_url_host(spec.host)}:{port}",
                       model_path=str(model.path), served_model=model.served_name,
                       extra={"model_size_bytes": model.size_bytes, "model_format": model.format})
+
+    def fingerprint(self, body: Any) -> bool:
+        # llama-server's /props: {"default_generation_settings": ..., "total_slots": N, "build_info": ...}
+        return isinstance(body, dict) and "default_generation_settings" in body and "total_slots" in body
 
     def probe_state(self, status: int | None, body: str) -> str:
         if status == 503 and "Loading model" in body:

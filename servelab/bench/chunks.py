@@ -1,0 +1,99 @@
+"""Read one OpenAI-compatible streaming chunk (already JSON-decoded) into what a benchmark needs.
+
+Engines differ in small ways that decide whether numbers are right (shared/research/engines.md §0.5):
+- reasoning arrives as `delta.reasoning_content` (SGLang, llama.cpp, transformers serve) or `delta.reasoning`
+  (vLLM >= 0.16); both are read, and reasoning is kept apart from the answer;
+- `/v1/completions` chunks carry `choices[].text`, chat chunks `choices[].delta.content`;
+- usage comes in a separate final chunk with `choices: []` (vLLM, SGLang, llama.cpp chat), inside the chunk that
+  carries finish_reason (transformers serve, llama.cpp completions), on every chunk (`continuous_usage_stats`), or
+  not at all (llama-cpp-python);
+- llama.cpp with `timings_per_token` puts its running count of generated tokens in `timings.predicted_n`;
+- an error can arrive inside a 200 stream as `{"error": {...}}`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from servelab.records import Usage
+
+
+@dataclass(slots=True)
+class ChunkView:
+    answer: str = ""
+    reasoning: str = ""
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    running_count: int | None = None  # the server's running count of generated tokens, if this chunk has one
+    has_choices: bool = False
+    error: str | None = None
+
+
+def parse_usage(obj: Any) -> Usage | None:
+    if not isinstance(obj, dict):
+        return None
+
+    def as_int(v: Any) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    details = obj.get("completion_tokens_details") or {}
+    prompt_details = obj.get("prompt_tokens_details") or {}
+    reasoning = as_int(obj.get("reasoning_tokens"))  # SGLang: top level
+    if reasoning is None and isinstance(details, dict):
+        reasoning = as_int(details.get("reasoning_tokens"))  # OpenAI / vLLM
+    return Usage(
+        prompt_tokens=as_int(obj.get("prompt_tokens")),
+        completion_tokens=as_int(obj.get("completion_tokens")),
+        total_tokens=as_int(obj.get("total_tokens")),
+        reasoning_tokens=reasoning,
+        cached_tokens=as_int(prompt_details.get("cached_tokens")) if isinstance(prompt_details, dict) else None,
+    )
+
+
+def error_message(err: Any) -> str:
+    if isinstance(err, dict):
+        msg = err.get("message") or err.get("error") or str(err)
+        code = err.get("code") or err.get("type")
+        return f"{msg} ({code})" if code else str(msg)
+    return str(err)
+
+
+def read_chunk(obj: Any) -> ChunkView:
+    view = ChunkView()
+    if not isinstance(obj, dict):
+        view.error = f"chunk is not a JSON object: {str(obj)[:200]}"
+        return view
+    if "error" in obj and not obj.get("choices"):
+        view.error = error_message(obj["error"])
+        return view
+    choices = obj.get("choices")
+    if choices:
+        view.has_choices = True
+        choice = choices[0]  # servelab sends n=1
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            content = delta.get("content")
+            if isinstance(content, str):
+                view.answer = content
+            reasoning = delta.get("reasoning_content")
+            if not isinstance(reasoning, str):
+                reasoning = delta.get("reasoning")
+            if isinstance(reasoning, str):
+                view.reasoning = reasoning
+        else:
+            text = choice.get("text")
+            if isinstance(text, str):
+                view.answer = text
+        view.finish_reason = choice.get("finish_reason") or None
+    usage = obj.get("usage")
+    if usage:
+        view.usage = parse_usage(usage)
+    timings = obj.get("timings")
+    if isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int):
+        view.running_count = timings["predicted_n"]
+    elif view.has_choices and view.usage is not None and view.usage.completion_tokens is not None:
+        # Usage on a chunk that still has choices: a running count (continuous_usage_stats) or the final count on
+        # the last chunk. The counting pass below tells the two apart by whether every chunk had one.
+        view.running_count = view.usage.completion_tokens
+    return view

@@ -1,0 +1,184 @@
+"""Benchmark figures as pure functions of RequestRecords. Definitions: docs/metrics.md (anchors in `definition`).
+
+Nothing here talks HTTP or reads a clock: give it records and a measurement window, get a Summary.
+Latency distributions are over every sample (every token gap of every request), never means of per-request means,
+so a rare long stall shows in p99 instead of being averaged away.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from servelab.records import CountMethod, Distribution, Figure, RequestRecord, Summary
+
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (the same as numpy's default)."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def distribution(values: Iterable[float]) -> Distribution | None:
+    v = sorted(values)
+    if not v:
+        return None
+    return Distribution(n=len(v), mean=sum(v) / len(v), min=v[0], p50=percentile(v, 50), p90=percentile(v, 90),
+                        p95=percentile(v, 95), p99=percentile(v, 99), max=v[-1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-request quantities
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def token_events(r: RequestRecord) -> list[tuple[int, int]]:
+    """(time, tokens) of the events that carried at least one token, in arrival order."""
+    return [(e.t_ns, e.tokens) for e in r.events if e.tokens > 0]
+
+
+def ttft_ns(r: RequestRecord) -> int | None:
+    """Time to first token of any kind (reasoning included)."""
+    ev = token_events(r)
+    return ev[0][0] - r.t_send_ns if ev else None
+
+
+def ttfo_ns(r: RequestRecord) -> int | None:
+    """Time to first answer (non-reasoning) token."""
+    for e in r.events:
+        if e.tokens > 0 and e.kind == "answer":
+            return e.t_ns - r.t_send_ns
+    return None
+
+
+def e2e_ns(r: RequestRecord) -> int | None:
+    return r.t_end_ns - r.t_send_ns if r.t_end_ns is not None else None
+
+
+def decode_span(r: RequestRecord) -> tuple[int, int] | None:
+    """(tokens after the first event, ns from the first to the last token event), or None if undefined."""
+    ev = token_events(r)
+    if len(ev) < 2:
+        return None
+    tokens = sum(t for _, t in ev[1:])
+    span = ev[-1][0] - ev[0][0]
+    return (tokens, span) if tokens > 0 and span > 0 else None
+
+
+def decode_tok_s(r: RequestRecord) -> float | None:
+    span = decode_span(r)
+    return span[0] * NS_PER_S / span[1] if span else None
+
+
+def tpot_ms(r: RequestRecord) -> float | None:
+    span = decode_span(r)
+    return span[1] / span[0] / NS_PER_MS if span else None
+
+
+def token_gaps_ms(r: RequestRecord) -> list[float]:
+    """Inter-token latency per token: an event carrying k tokens after a gap g contributes k samples of g/k."""
+    ev = token_events(r)
+    gaps: list[float] = []
+    for (t_prev, _), (t, k) in zip(ev, ev[1:]):
+        gaps.extend([(t - t_prev) / k / NS_PER_MS] * k)
+    return gaps
+
+
+def chunk_gaps_ms(r: RequestRecord) -> list[float]:
+    """Gaps between consecutive token-bearing events, one sample per event."""
+    ev = token_events(r)
+    return [(t - t_prev) / NS_PER_MS for (t_prev, _), (t, _) in zip(ev, ev[1:])]
+
+
+def counted_by(records: Sequence[RequestRecord]) -> CountMethod | str | None:
+    methods = {r.count_method for r in records}
+    if not methods:
+        return None
+    return methods.pop() if len(methods) == 1 else "mixed"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One load level
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _fig(values: Iterable[float | None], unit: str, definition: str, method, headline: str = "p50",
+         note: str | None = None) -> Figure:
+    dist = distribution(v for v in values if v is not None)
+    value = getattr(dist, headline) if dist else None
+    return Figure(value=value, unit=unit, definition=definition, counted_by=method, dist=dist, note=note)
+
+
+def summarize(records: Sequence[RequestRecord], *, tag: str, mode: str, concurrency: int,
+              window: tuple[int, int]) -> Summary:
+    """Figures for one load level. `window` = (start_ns, end_ns) over which aggregate rates are computed."""
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    failed = [r for r in measured if not r.ok]
+    ws, we = window
+    window_s = max(we - ws, 0) / NS_PER_S
+    method = counted_by(ok)
+    timing_method = None  # pure timings do not depend on how tokens were counted
+
+    in_window_tokens = sum(e.tokens for r in ok for e in r.events if ws <= e.t_ns <= we)
+    completed_in_window = sum(1 for r in ok if r.t_end_ns is not None and ws <= r.t_end_ns <= we)
+    figures: dict[str, Figure] = {
+        "output_tok_s": Figure(value=in_window_tokens / window_s if window_s > 0 else None, unit="tok/s",
+                               definition="output-tok-s", counted_by=method),
+        "request_s": Figure(value=completed_in_window / window_s if window_s > 0 else None, unit="req/s",
+                            definition="request-s", counted_by=timing_method),
+        "decode_tok_s": _fig((decode_tok_s(r) for r in ok), "tok/s", "decode-tok-s", method),
+        "ttft_ms": _fig((_ms(ttft_ns(r)) for r in ok), "ms", "ttft", method),
+        "ttfo_ms": _fig((_ms(ttfo_ns(r)) for r in ok), "ms", "ttfo", method),
+        "itl_ms": _fig((g for r in ok for g in token_gaps_ms(r)), "ms", "itl", method),
+        "itl_chunk_ms": _fig((g for r in ok for g in chunk_gaps_ms(r)), "ms", "itl-chunk", timing_method),
+        "tpot_ms": _fig((tpot_ms(r) for r in ok), "ms", "tpot", method),
+        "e2e_ms": _fig((_ms(e2e_ns(r)) for r in ok), "ms", "e2e", timing_method),
+        "output_tokens": _fig((r.output_tokens for r in ok), "tokens", "output-tokens", method,
+                              headline="mean"),
+    }
+    lags = [(r.t_send_ns - r.scheduled_ns) / NS_PER_MS for r in measured if r.scheduled_ns is not None]
+    if lags:
+        figures["client_lag_ms"] = _fig(lags, "ms", "client-lag", None, headline="p99")
+
+    warnings = token_accounting_warnings(ok)
+    if failed:
+        warnings.append(f"{len(failed)} of {len(measured)} requests failed; they are excluded from latency "
+                        f"figures and counted under `errors`")
+    if method == "chunk_count":
+        warnings.append("tokens were counted as one per SSE chunk: the server gave no per-chunk token counts "
+                        "and no tokenizer was used; token figures are approximate")
+    return Summary(tag=tag, mode=mode, concurrency=concurrency, requests=len(measured), ok=len(ok),
+                   failed=len(failed), errors=dict(Counter(r.error_kind or "unknown" for r in failed)),
+                   window_s=window_s, figures=figures, warnings=warnings)
+
+
+def token_accounting_warnings(ok: Sequence[RequestRecord]) -> list[str]:
+    """Say when the client's counts and the server's usage disagree, or when the requested length was ignored."""
+    warnings: list[str] = []
+    mismatched = [r for r in ok if r.usage and r.usage.completion_tokens is not None
+                  and r.usage.completion_tokens != r.output_tokens]
+    if mismatched:
+        r = mismatched[0]
+        warnings.append(f"{len(mismatched)} of {len(ok)} requests: client token count differs from the server's "
+                        f"usage (e.g. request {r.index}: {r.output_tokens} counted by {r.count_method}, "
+                        f"{r.usage.completion_tokens} in usage)")
+    short = [r for r in ok if r.sampling.get("ignore_eos") and r.max_tokens is not None
+             and r.output_tokens != r.max_tokens]
+    if short:
+        r = short[0]
+        warnings.append(f"{len(short)} of {len(ok)} requests did not produce the requested max_tokens despite "
+                        f"ignore_eos (e.g. request {r.index}: {r.output_tokens} of {r.max_tokens})")
+    return warnings
+
+
+def _ms(ns: int | None) -> float | None:
+    return ns / NS_PER_MS if ns is not None else None

@@ -1,0 +1,186 @@
+"""`bench URL`: find out what serves the URL, run single-stream or a concurrency sweep, summarise.
+
+The state of a run lives in a BenchState that is filled as the run goes, so Ctrl-C (or a crash of a later step)
+leaves a partial but correct result: every completed request is kept and the level in progress is summarised
+over the time it actually ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import aiohttp
+
+from servelab.bench.client import ClientOptions, Deadlines, StreamClient
+from servelab.bench.loads import Recorder, Target, run_concurrency, run_single
+from servelab.bench.metrics import summarize
+from servelab.bench.workload import Workload
+from servelab.engines.detect import detect_engine
+from servelab.errors import UserError
+from servelab.records import BenchResult, Figure, RequestRecord, Summary
+
+
+@dataclass
+class BenchOptions:
+    mode: Literal["single", "sweep"] = "single"
+    model: str | None = None
+    workload: Workload = field(default_factory=Workload)
+    single_requests: int = 8
+    warmup: int = 1
+    level_duration_s: float = 10.0
+    max_concurrency: int = 64
+    min_gain: float = 0.03  # a level must beat the best so far by this fraction to count as growth
+    deadlines: Deadlines = field(default_factory=Deadlines)
+    api_key: str | None = None
+
+
+@dataclass
+class BenchState:
+    url: str
+    options: BenchOptions
+    model: str = ""
+    engine: str | None = None
+    accepts_ignore_eos: bool = False
+    recorder: Recorder = field(default_factory=Recorder)
+    levels: list[Summary] = field(default_factory=list)
+    current: tuple[str, int, int] | None = None  # (tag, concurrency, start_ns) of the level in progress
+    stop_reason: str | None = None
+
+    def result(self, interrupted: bool = False) -> BenchResult:
+        levels = list(self.levels)
+        if interrupted and self.current is not None:
+            tag, conc, start_ns = self.current
+            partial = [r for r in self.recorder.records if r.tag == tag]
+            levels.append(summarize(partial, tag=tag, mode="single" if tag == "single" else "concurrency",
+                                    concurrency=conc, window=(start_ns, time.perf_counter_ns())))
+            levels[-1].warnings.append("interrupted: this level did not run to the end")
+        result = BenchResult(url=self.url, model=self.model, mode=self.options.mode,
+                             workload=self.options.workload.describe(self.accepts_ignore_eos) |
+                             {"engine_detected": self.engine},
+                             levels=levels, stop_reason=self.stop_reason, interrupted=interrupted)
+        result.headline = headline(result)
+        return result
+
+
+def headline(result: BenchResult) -> dict[str, Figure]:
+    """The story's numbers: single-stream decode tok/s and peak output tok/s, keyed as baselines name them."""
+    out: dict[str, Figure] = {}
+    single = next((s for s in result.levels if s.mode == "single"), None)
+    if single is None and result.mode == "sweep":
+        single = next((s for s in result.levels if s.concurrency == 1), None)
+    if single is not None:
+        prefix = "single"
+        for key in ("decode_tok_s", "output_tok_s", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+            if key in single.figures:
+                out[f"{prefix}.{key}"] = single.figures[key]
+    conc_levels = [s for s in result.levels if s.mode == "concurrency" and s.figures["output_tok_s"].value]
+    if conc_levels:
+        best = max(conc_levels, key=lambda s: s.figures["output_tok_s"].value or 0.0)
+        fig = best.figures["output_tok_s"].model_copy()
+        fig.note = f"at concurrency {best.concurrency}"
+        out["peak.output_tok_s"] = fig
+        out["peak.concurrency"] = Figure(value=best.concurrency, unit="streams", definition="peak-output-tok-s")
+        out["peak.request_s"] = best.figures["request_s"]
+    return out
+
+
+async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
+    """Check the server answers, pick the model, and recognise the engine. Raises UserError if unreachable."""
+    url = state.url.rstrip("/")
+    try:
+        async with asyncio.timeout(10):
+            async with session.get(url + "/v1/models") as resp:
+                raw = await resp.read()
+                status = resp.status
+    except TimeoutError:
+        raise UserError(f"cannot reach {url}: no answer within 10 s") from None
+    except aiohttp.ClientConnectorError as exc:
+        raise UserError(f"cannot reach {url}: {exc.os_error.strerror if exc.os_error else exc}") from None
+    except aiohttp.ClientError as exc:
+        raise UserError(f"cannot reach {url}: {exc}") from None
+    models: list[str] = []
+    try:
+        body = json.loads(raw)
+        models = [m["id"] for m in body.get("data", []) if isinstance(m, dict) and "id" in m]
+    except (ValueError, AttributeError):
+        pass
+    if state.options.model:
+        state.model = state.options.model
+    elif models:
+        state.model = models[0]
+    else:
+        snippet = " ".join(raw[:120].decode("utf-8", "replace").split())
+        raise UserError(f"{url}/v1/models answered HTTP {status} without a model list ({snippet!r})",
+                        hint="is this an OpenAI-compatible server? pass --model to name the model")
+    adapter = await detect_engine(session, url)
+    if adapter is not None:
+        state.engine = adapter.name
+        state.accepts_ignore_eos = adapter.accepts_ignore_eos
+
+
+async def run_bench(state: BenchState) -> BenchResult:
+    opts = state.options
+    async with aiohttp.ClientSession() as probe_session:
+        await prepare(state, probe_session)
+    from servelab.engines import get_engine  # registry lookup for the detected engine's request extras
+
+    extras = get_engine(state.engine).stream_extras if state.engine else {}
+    client_opts = ClientOptions(deadlines=opts.deadlines, api_key=opts.api_key, stream_extras=dict(extras))
+    target = Target(model=state.model, accepts_ignore_eos=state.accepts_ignore_eos)
+    async with StreamClient(state.url, client_opts) as client:
+        if opts.mode == "single":
+            state.current = ("single", 1, time.perf_counter_ns())
+            records, window = await run_single(client, opts.workload, target, state.recorder,
+                                               requests=opts.single_requests, warmup=opts.warmup)
+            state.levels.append(summarize(records, tag="single", mode="single", concurrency=1, window=window))
+            state.current = None
+        else:
+            await sweep(state, client, target)
+    return state.result()
+
+
+async def sweep(state: BenchState, client: StreamClient, target: Target) -> None:
+    """Concurrency 1, 2, 4, ... until aggregate output tok/s stops growing (or max_concurrency is reached)."""
+    opts = state.options
+    for _ in range(opts.warmup):
+        spec = opts.workload.request(state.recorder.take_index(), target.model, tag="warmup", warmup=True,
+                                     accepts_ignore_eos=target.accepts_ignore_eos)
+        state.recorder.add(await client.send(spec))
+    best: Summary | None = None
+    concurrency = 1
+    while concurrency <= opts.max_concurrency:
+        tag = f"c{concurrency}"
+        state.current = (tag, concurrency, time.perf_counter_ns())
+        records, window = await run_concurrency(client, opts.workload, target, state.recorder,
+                                                concurrency=concurrency, duration_s=opts.level_duration_s)
+        level = summarize(records, tag=tag, mode="concurrency", concurrency=concurrency, window=window)
+        state.levels.append(level)
+        state.current = None
+        tput = level.figures["output_tok_s"].value or 0.0
+        if level.requests and level.failed > level.requests / 2:
+            state.stop_reason = f"more than half the requests failed at concurrency {concurrency}"
+            return
+        if best is not None and tput < (best.figures["output_tok_s"].value or 0.0) * (1 + opts.min_gain):
+            state.stop_reason = (f"output tok/s stopped growing: {tput:.1f} at concurrency {concurrency} is not "
+                                 f"{opts.min_gain:.0%} above {best.figures['output_tok_s'].value:.1f} at "
+                                 f"concurrency {best.concurrency}")
+            return
+        if best is None or tput > (best.figures["output_tok_s"].value or 0.0):
+            best = level
+        concurrency *= 2
+    state.stop_reason = f"reached the maximum concurrency ({opts.max_concurrency})"
+
+
+def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], None] | None = None
+          ) -> BenchResult:
+    """Run a benchmark to the end, or until Ctrl-C; either way return what was measured."""
+    state = BenchState(url=url, options=options, recorder=Recorder(on_record=on_record))
+    try:
+        return asyncio.run(run_bench(state))
+    except KeyboardInterrupt:
+        return state.result(interrupted=True)

@@ -1,0 +1,95 @@
+"""An incremental Server-Sent Events parser that works on raw bytes as they come off the socket.
+
+It follows the WHATWG event-stream rules where engines rely on them and tolerates what engines actually send:
+- lines end in \n, \r\n or a lone \r (a \r\n split across two reads is one line end, not two);
+- `:` lines are comments (keep-alive pings), counted but not events;
+- several `data:` lines in one event are joined with \n; events of any size (no 64 KB line limit);
+- UTF-8 is decoded per complete event, so a multi-byte character split across reads is never corrupted;
+- at end of stream, an event without the final blank line is still delivered (`close()`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SSEDecodeError(ValueError):
+    """An event's data was not valid UTF-8."""
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    data: str
+    event: str | None = None
+    id: str | None = None
+
+
+class SSEParser:
+    __slots__ = ("_tail", "_data", "_event", "_id", "_pending_cr", "comments")
+
+    def __init__(self) -> None:
+        self._tail = b""  # an incomplete last line
+        self._data: list[bytes] = []
+        self._event: str | None = None
+        self._id: str | None = None
+        self._pending_cr = False  # the previous read ended in \r: a leading \n now belongs to it
+        self.comments = 0
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Consume bytes; return the events they completed (possibly none)."""
+        if self._pending_cr:
+            self._pending_cr = False
+            if chunk.startswith(b"\n"):
+                chunk = chunk[1:]
+        buf = self._tail + chunk if self._tail else chunk
+        if b"\r" in buf:
+            # A trailing \r already ends a line (waiting for a possible \n would delay the event).
+            self._pending_cr = buf.endswith(b"\r")
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buf.split(b"\n")
+        self._tail = lines.pop()
+        events: list[SSEEvent] = []
+        for line in lines:
+            self._line(line, events)
+        return events
+
+    def close(self) -> list[SSEEvent]:
+        """End of stream: deliver a final event that lacked its blank line."""
+        events: list[SSEEvent] = []
+        if self._tail:
+            self._line(self._tail, events)
+            self._tail = b""
+        if self._data:
+            self._dispatch(events)
+        return events
+
+    def _line(self, line: bytes, events: list[SSEEvent]) -> None:
+        if not line:
+            if self._data:
+                self._dispatch(events)
+            else:
+                self._event = None
+            return
+        if line[0] == 0x3A:  # b":"
+            self.comments += 1
+            return
+        field, sep, value = line.partition(b":")
+        if sep and value.startswith(b" "):
+            value = value[1:]
+        if field == b"data":
+            self._data.append(value)
+        elif field == b"event":
+            self._event = value.decode("utf-8", "replace")
+        elif field == b"id":
+            self._id = value.decode("utf-8", "replace")
+        # "retry" and unknown fields are ignored, as the spec says.
+
+    def _dispatch(self, events: list[SSEEvent]) -> None:
+        raw = b"\n".join(self._data)
+        self._data = []
+        event, self._event = self._event, None
+        try:
+            data = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SSEDecodeError(f"event data is not valid UTF-8 at byte {exc.start}") from exc
+        events.append(SSEEvent(data=data, event=event, id=self._id))

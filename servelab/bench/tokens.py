@@ -1,0 +1,74 @@
+"""Turn the chunks of one stream into token events, and say how they were counted.
+
+Counting never assumes one chunk is one token unless nothing better exists, and then says so:
+1. server_per_chunk: every text-bearing chunk carried the server's running count of generated tokens
+   (llama.cpp `timings.predicted_n`, `continuous_usage_stats`), so each event's tokens are the difference between
+   consecutive counts. Tokens the server counted without sending text (the end-of-sequence token, bytes held back
+   until a UTF-8 character completes) become events with empty text at the time they were reported, so the sum
+   equals the server's `completion_tokens`.
+2. chunk_count: one token per text-bearing chunk. Labelled; the client-tokenizer recount (issue #3) replaces it
+   where a tokenizer is available.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from servelab.records import CountMethod, TokenEvent, TokenKind, Usage
+
+
+class RawChunk(NamedTuple):
+    t_ns: int
+    answer: str
+    reasoning: str
+    running_count: int | None
+
+
+def count_tokens(chunks: list[RawChunk], usage: Usage | None) -> tuple[list[TokenEvent], CountMethod]:
+    events = _from_running_counts(chunks, usage)
+    if events is not None:
+        return events, "server_per_chunk"
+    return _one_per_chunk(chunks), "chunk_count"
+
+
+def _from_running_counts(chunks: list[RawChunk], usage: Usage | None) -> list[TokenEvent] | None:
+    text_chunks = [c for c in chunks if c.answer or c.reasoning]
+    if not text_chunks or any(c.running_count is None for c in text_chunks):
+        return None
+    events: list[TokenEvent] = []
+    counted = 0
+    last_kind: TokenKind = "answer"
+    for c in chunks:
+        if c.running_count is None:
+            continue
+        increase = c.running_count - counted
+        if increase < 0:
+            return None  # a count that goes backwards is not a running count: do not trust any of it
+        counted = c.running_count
+        if c.reasoning and c.answer:
+            # Engines send reasoning and answer in separate chunks; if one ever mixes them we cannot split the
+            # count exactly, so the reasoning part gets one token and the answer the rest.
+            r = 1 if increase >= 2 else 0
+            events.append(TokenEvent(t_ns=c.t_ns, kind="reasoning", tokens=r, text=c.reasoning))
+            events.append(TokenEvent(t_ns=c.t_ns, kind="answer", tokens=increase - r, text=c.answer))
+            last_kind = "answer"
+        elif c.reasoning or c.answer:
+            last_kind = "reasoning" if c.reasoning else "answer"
+            events.append(TokenEvent(t_ns=c.t_ns, kind=last_kind, tokens=increase, text=c.reasoning or c.answer))
+        elif increase > 0:
+            events.append(TokenEvent(t_ns=c.t_ns, kind=last_kind, tokens=increase, text=""))
+    final = usage.completion_tokens if usage else None
+    if final is not None and final > counted and chunks:
+        # The final usage reports tokens no chunk counted (e.g. usage arrived in a choices-less chunk).
+        events.append(TokenEvent(t_ns=chunks[-1].t_ns, kind=last_kind, tokens=final - counted, text=""))
+    return events
+
+
+def _one_per_chunk(chunks: list[RawChunk]) -> list[TokenEvent]:
+    events: list[TokenEvent] = []
+    for c in chunks:
+        if c.reasoning:
+            events.append(TokenEvent(t_ns=c.t_ns, kind="reasoning", tokens=1, text=c.reasoning))
+        if c.answer:
+            events.append(TokenEvent(t_ns=c.t_ns, kind="answer", tokens=1, text=c.answer))
+    return events

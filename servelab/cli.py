@@ -1,0 +1,226 @@
+"""The command line: parse arguments, call one library function, render its result. Nothing else lives here.
+
+Exit codes: 0 ok, 1 a check or gate failed, 2 a usage or set-up error (one line on stderr, no traceback unless
+--debug), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from servelab import __version__
+from servelab.errors import EngineFailed, UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Bring LLM inference servers up, verify them, benchmark them honestly.")
+console = Console()
+err_console = Console(stderr=True)
+_state = {"debug": False}
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (nothing else).")]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Model id to request (default: the "
+                                                                          "first one the server lists).")]
+ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="SERVELAB_API_KEY", show_default=False,
+                                                  help="Bearer token for the server. Never written anywhere.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"servelab {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for unexpected errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True)] = False,
+) -> None:
+    _state["debug"] = debug
+
+
+def _out_console(as_json: bool) -> Console:
+    # With --json, stdout carries only the JSON document; everything human goes to stderr.
+    return err_console if as_json else console
+
+
+@app.command()
+def up(
+    engine: Annotated[str, typer.Argument(help="Engine to launch, e.g. llamacpp.")],
+    model: Annotated[str, typer.Option("--model", "-m", help="Known model name (smollm2) or a path.")] = "smollm2",
+    port: Annotated[Optional[int], typer.Option(help="Port (default: a free one).")] = None,
+    host: Annotated[str, typer.Option(help="Interface to bind; loopback unless you ask.")] = "127.0.0.1",
+    parallel: Annotated[Optional[int], typer.Option(help="Concurrent sequences (slots).")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads.")] = None,
+    log_dir: Annotated[Path, typer.Option(help="Where the engine's log is written.")] = Path("runs/logs"),
+    ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for ready.")] = 600.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start an engine, show its start-up phases live, and keep it serving until Ctrl-C."""
+    from servelab.engines import EngineSpec
+    from servelab.report.live import live_launch
+    from servelab.report.terminal import render_lint
+
+    out = _out_console(as_json)
+    spec = EngineSpec(engine=engine, model=model, port=port, host=host, parallel=parallel, threads=threads)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with live_launch(spec, log_dir, out, ready_timeout_s=ready_timeout) as running:
+        result = running.result()
+        render_lint(out, result.lint)
+        if as_json:
+            print(result.model_dump_json(indent=2), flush=True)
+        out.print(f"serving model [bold]{running.served_model}[/bold] at {running.url}  (log: {running.log_path})"
+                  f"\npress Ctrl-C to stop", highlight=False)
+        try:
+            while running.alive:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            out.print("stopping…")
+            return
+        out.print(f"[red]the engine exited: {running.process.describe_exit()}[/red]")
+        for line in running.process.log_tail(10):
+            out.print(f"  {line}", markup=False, highlight=False)
+        raise typer.Exit(1)
+
+
+@app.command("verify")
+def verify_cmd(
+    url: Annotated[str, typer.Argument(help="Base URL of an OpenAI-compatible server.")],
+    model: ModelOpt = None,
+    only: Annotated[Optional[list[str]], typer.Option(help="Run only these check ids.")] = None,
+    skip: Annotated[Optional[list[str]], typer.Option(help="Skip these check ids.")] = None,
+    timeout: Annotated[float, typer.Option(help="Deadline per check, seconds.")] = 30.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Functional and OpenAI-compatibility checks against a running server."""
+    from servelab.report.terminal import render_checks
+    from servelab.verify.runner import verify
+
+    result = verify(url, model=model, only=only, skip=skip, check_timeout_s=timeout)
+    if as_json:
+        print(result.model_dump_json(indent=2))
+    else:
+        render_checks(console, result)
+    if result.failed:
+        raise typer.Exit(1)
+
+
+@app.command("bench")
+def bench_cmd(
+    url: Annotated[str, typer.Argument(help="Base URL of an OpenAI-compatible server.")],
+    mode: Annotated[str, typer.Option(help="single (one request at a time) or sweep (concurrency 1, 2, 4, … "
+                                           "until throughput stops growing).")] = "single",
+    model: ModelOpt = None,
+    requests: Annotated[int, typer.Option(help="Measured requests in single mode.")] = 8,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
+    duration: Annotated[float, typer.Option(help="Seconds per concurrency level in sweep mode.")] = 10.0,
+    max_concurrency: Annotated[int, typer.Option(help="Highest concurrency a sweep tries.")] = 64,
+    endpoint: Annotated[str, typer.Option(help="chat or completions.")] = "chat",
+    out: Annotated[Optional[Path], typer.Option(help="Write summary.json and records.jsonl under this "
+                                                     "directory.")] = None,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Benchmark a running server: single-stream or a concurrency sweep, counted in tokens."""
+    from servelab.bench.runner import BenchOptions, bench
+    from servelab.bench.workload import Workload
+    from servelab.report.terminal import render_headline, render_levels
+    from servelab.store.rundir import RunDir
+
+    if mode not in ("single", "sweep"):
+        raise UserError(f"unknown mode '{mode}'", hint="use --mode single or --mode sweep")
+    if endpoint not in ("chat", "completions"):
+        raise UserError(f"unknown endpoint '{endpoint}'", hint="use --endpoint chat or --endpoint completions")
+    if requests < 1 or max_tokens < 1 or duration <= 0 or max_concurrency < 1:
+        raise UserError("--requests, --max-tokens, --duration and --max-concurrency must be positive")
+    workload = Workload(endpoint="/v1/chat/completions" if endpoint == "chat" else "/v1/completions",
+                        max_tokens=max_tokens)
+    options = BenchOptions(mode=mode, model=model, workload=workload, single_requests=requests,
+                           level_duration_s=duration, max_concurrency=max_concurrency, api_key=api_key)
+    ui = _out_console(as_json)
+    rundir = RunDir.create(out, "bench", mode) if out else None
+    done = {"n": 0, "tokens": 0}
+    with ui.status("benchmarking…") as status:
+        def on_record(record) -> None:
+            done["n"] += 1
+            done["tokens"] += record.output_tokens
+            status.update(f"{record.tag}: {done['n']} requests, {done['tokens']:,} tokens")
+            if rundir:
+                rundir.append_record(record)
+
+        result = bench(url, options, on_record=on_record)
+    if rundir:
+        rundir.close()
+        rundir.write_json("summary.json", result)
+    if as_json:
+        print(result.model_dump_json(indent=2))
+    else:
+        render_levels(console, result)
+        render_headline(console, result.headline)
+        if rundir:
+            console.print(f"written to {rundir.path}")
+    if result.interrupted:
+        raise typer.Exit(130)
+
+
+@app.command("run")
+def run_cmd(
+    out: Annotated[Path, typer.Option(help="Root directory for run directories.")] = Path("runs"),
+    duration: Annotated[float, typer.Option(help="Seconds per concurrency level of the sweep.")] = 10.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """The main job on the embedded default: launch, verify, bench single-stream and sweep, stop, summarise."""
+    from servelab.pipeline import RunOptions, run_main_job
+    from servelab.report.terminal import render_run
+
+    options = RunOptions(out_root=out)
+    options.sweep.level_duration_s = duration
+    ui = _out_console(as_json)
+    summary, rundir = run_main_job(options, ui)
+    if as_json:
+        print(summary.model_dump_json(indent=2))
+    else:
+        render_run(console, summary, str(rundir.path))
+    if summary.status == "interrupted":
+        raise typer.Exit(130)
+    if summary.verify and summary.verify.failed:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    # A closed pipe (servelab … | head) is not an error worth a traceback.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        app()
+    except EngineFailed as exc:
+        err_console.print(f"[bold red]error:[/bold red] {exc.message}", highlight=False)
+        if exc.hint:
+            err_console.print(f"hint: {exc.hint}", highlight=False)
+        for line in exc.log_tail:
+            err_console.print(f"  | {line}", markup=False, highlight=False)
+        sys.exit(exc.exit_code)
+    except UserError as exc:
+        err_console.print(f"[bold red]error:[/bold red] {exc.message}" + (f" ({exc.hint})" if exc.hint else ""),
+                          highlight=False)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception:
+        if _state["debug"] or os.environ.get("SERVELAB_DEBUG"):
+            raise
+        exc_type, exc, _ = sys.exc_info()
+        err_console.print(f"[bold red]internal error:[/bold red] {exc_type.__name__}: {exc} "
+                          f"(this is a servelab bug; rerun with --debug for the traceback)", highlight=False)
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()
