@@ -174,14 +174,23 @@ def bench_cmd(
 def run_cmd(
     out: Annotated[Path, typer.Option(help="Root directory for run directories.")] = Path("runs"),
     duration: Annotated[float, typer.Option(help="Seconds per concurrency level of the sweep.")] = 10.0,
+    requests: Annotated[int, typer.Option(help="Measured single-stream requests.")] = 8,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
+    max_concurrency: Annotated[int, typer.Option(help="Highest concurrency the sweep tries.")] = 32,
     as_json: JsonOpt = False,
 ) -> None:
     """The main job on the embedded default: launch, verify, bench single-stream and sweep, stop, summarise."""
+    from servelab.bench.workload import Workload
     from servelab.pipeline import RunOptions, run_main_job
     from servelab.report.terminal import render_run
 
+    if requests < 1 or max_tokens < 1 or duration <= 0 or max_concurrency < 1:
+        raise UserError("--requests, --max-tokens, --duration and --max-concurrency must be positive")
     options = RunOptions(out_root=out)
-    options.sweep.level_duration_s = duration
+    workload = Workload(max_tokens=max_tokens)
+    options.single.single_requests, options.single.workload = requests, workload
+    options.sweep.level_duration_s, options.sweep.workload = duration, workload
+    options.sweep.max_concurrency = max_concurrency
     ui = _out_console(as_json)
     summary, rundir = run_main_job(options, ui)
     if as_json:
