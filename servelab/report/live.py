@@ -1,0 +1,88 @@
+"""The start-up view of `servelab up`: what the engine is doing right now, and whether it is moving.
+
+On a terminal a rich Live panel redraws in place; elsewhere (CI logs, pipes) one plain line per phase change,
+because redraws would fill a log file with control sequences.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+
+from servelab.engines import get_engine
+from servelab.engines.base import EngineSpec
+from servelab.lifecycle.launch import LaunchStatus, RunningEngine, start_engine
+
+_PROBE_STYLE = {"ready": "green", "loading": "yellow", "down": "dim", "unknown": "red"}
+
+
+def eta_s(status: LaunchStatus) -> float | None:
+    """Time left in the current phase if progress keeps its pace so far; None when it cannot be estimated."""
+    p = status.progress
+    if p is None or p <= 0.0 or p >= 1.0:
+        return None
+    return status.phase_elapsed_s * (1.0 - p) / p
+
+
+def describe_progress(status: LaunchStatus) -> str:
+    if status.progress is None:
+        return ""
+    text = f"{status.progress * 100:.0f}%"
+    eta = eta_s(status)
+    return f"{text}  ETA {eta:.0f} s" if eta is not None else text
+
+
+def render_status(title: str, status: LaunchStatus, width: int) -> Group:
+    head = Text.assemble((title, "bold"), f"  pid {status.pid}")
+    phase = Text.assemble(("phase ", "dim"), (status.phase, "bold cyan"), f"  {status.elapsed_s:5.1f} s")
+    progress = describe_progress(status)
+    if progress:
+        phase.append(f"  {progress}", style="magenta")
+    phase.append("  probe ", style="dim")
+    phase.append(status.probe, style=_PROBE_STYLE.get(status.probe, ""))
+    last = Text(_fit(status.last_line or "", width - 2), style="dim")
+    return Group(head, phase, Text.assemble(("> ", "dim"), last))
+
+
+def plain_line(status: LaunchStatus) -> str:
+    progress = describe_progress(status)
+    return f"[{status.elapsed_s:6.1f}s] {status.phase}" + (f" ({progress})" if progress else "")
+
+
+def _fit(line: str, width: int) -> str:
+    width = max(width, 10)
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def live_launch(spec: EngineSpec, log_dir: Path, console: Console, ready_timeout_s: float = 600.0
+                ) -> RunningEngine:
+    """`start_engine` with a view of its progress on `console`."""
+    title = get_engine(spec.engine).title
+    if not console.is_terminal:
+        return _plain_launch(spec, log_dir, console, title, ready_timeout_s)
+    with Live(Text(f"{title}: starting"), console=console, refresh_per_second=8, transient=True) as live:
+        def on_update(status: LaunchStatus) -> None:
+            live.update(render_status(title, status, console.width))
+
+        engine = start_engine(spec, log_dir, on_update=on_update, ready_timeout_s=ready_timeout_s)
+    console.print(f"[bold]{title}[/bold] ready in {engine.ready_s:.1f} s at {engine.url}", highlight=False)
+    return engine
+
+
+def _plain_launch(spec: EngineSpec, log_dir: Path, console: Console, title: str, ready_timeout_s: float
+                  ) -> RunningEngine:
+    console.print(f"{title}: starting", markup=False, highlight=False)
+    # Phases are reported as each update finds them: one that began and ended within a poll (~50 ms) is skipped.
+    last_phase: list[str] = ["starting"]
+
+    def on_update(status: LaunchStatus) -> None:
+        if last_phase[-1:] != [status.phase]:
+            last_phase.append(status.phase)
+            console.print(plain_line(status), markup=False, highlight=False)
+
+    engine = start_engine(spec, log_dir, on_update=on_update, ready_timeout_s=ready_timeout_s)
+    console.print(f"{title} ready in {engine.ready_s:.1f} s at {engine.url}", markup=False, highlight=False)
+    return engine
