@@ -22,7 +22,8 @@ from servelab.errors import EngineFailed, UserError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Bring LLM inference servers up, verify them, benchmark them honestly.")
 console = Console()
-err_console = Console(stderr=True)
+# Errors are one line each: never wrapped at the terminal width (tests and scripts read them whole).
+err_console = Console(stderr=True, soft_wrap=True)
 _state = {"debug": False}
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (nothing else).")]

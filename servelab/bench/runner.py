@@ -22,6 +22,7 @@ from servelab.bench.metrics import summarize
 from servelab.bench.workload import Workload
 from servelab.engines.detect import detect_engine
 from servelab.errors import UserError
+from servelab.net import ensure_reachable, normalize_base_url
 from servelab.records import BenchResult, Figure, RequestRecord, Summary
 
 
@@ -91,18 +92,17 @@ def headline(result: BenchResult) -> dict[str, Figure]:
 
 async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
     """Check the server answers, pick the model, and recognise the engine. Raises UserError if unreachable."""
-    url = state.url.rstrip("/")
+    url = state.url
+    await ensure_reachable(url)
     try:
         async with asyncio.timeout(10):
             async with session.get(url + "/v1/models") as resp:
                 raw = await resp.read()
                 status = resp.status
     except TimeoutError:
-        raise UserError(f"cannot reach {url}: no answer within 10 s") from None
-    except aiohttp.ClientConnectorError as exc:
-        raise UserError(f"cannot reach {url}: {exc.os_error.strerror if exc.os_error else exc}") from None
+        raise UserError(f"{url}/v1/models did not answer within 10 s") from None
     except aiohttp.ClientError as exc:
-        raise UserError(f"cannot reach {url}: {exc}") from None
+        raise UserError(f"{url}/v1/models failed: {type(exc).__name__}: {exc}") from None
     models: list[str] = []
     try:
         body = json.loads(raw)
@@ -179,7 +179,7 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
 def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], None] | None = None
           ) -> BenchResult:
     """Run a benchmark to the end, or until Ctrl-C; either way return what was measured."""
-    state = BenchState(url=url, options=options, recorder=Recorder(on_record=on_record))
+    state = BenchState(url=normalize_base_url(url), options=options, recorder=Recorder(on_record=on_record))
     try:
         return asyncio.run(run_bench(state))
     except KeyboardInterrupt:

@@ -7,21 +7,17 @@ Timeouts are *not* handled here: the runner owns each check's deadline and cance
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from yarl import URL
 
-from servelab.errors import UserError
+from servelab.net import CONNECT_TIMEOUT_S, ensure_reachable, normalize_base_url  # noqa: F401 (re-exported)
 from servelab.bench.sse import SSEDecodeError, SSEEvent, SSEParser
 
 EXCERPT_CHARS = 500
-CONNECT_TIMEOUT_S = 5.0
 
 
 class BadResponse(Exception):
@@ -57,50 +53,8 @@ def one_line(text: str, limit: int = 80) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# URLs and reachability
+# Sessions and errors
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def normalize_base_url(url: str) -> str:
-    """`host:port`, `http://host:port/` and `http://host:port/v1` (the OpenAI SDK's base_url) all name the same
-    server; checks append `/v1/...` themselves. Raises UserError for something that is not an http(s) URL."""
-    text = url.strip()
-    if "://" not in text:
-        text = "http://" + text
-    try:
-        parsed = URL(text)
-    except ValueError as exc:
-        raise UserError(f"invalid server URL '{url}': {exc}") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise UserError(f"invalid server URL '{url}'", hint="expected http://HOST:PORT")
-    path = parsed.path.rstrip("/")
-    path = path.removesuffix("/v1")
-    return str(parsed.with_path(path or "/").with_query(None).with_fragment(None)).rstrip("/")
-
-
-async def ensure_reachable(base_url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """Open (and close) one TCP connection, so that a wrong host or port is one clear UserError instead of every
-    check failing the same way. Only connecting is tested: a server that accepts and then hangs is the checks' job."""
-    parsed = URL(base_url)
-    host, port = parsed.host, parsed.port
-    assert host is not None and port is not None  # normalize_base_url guarantees both
-    try:
-        async with asyncio.timeout(timeout_s):
-            _, writer = await asyncio.open_connection(host, port)
-    except ConnectionRefusedError:
-        raise UserError(f"cannot reach {base_url}: connection refused",
-                        hint="is the server running, and on this port?") from None
-    except socket.gaierror as exc:
-        raise UserError(f"cannot reach {base_url}: cannot resolve host '{host}' ({exc.strerror})") from None
-    except TimeoutError:
-        raise UserError(f"cannot reach {base_url}: no connection within {timeout_s:g}s") from None
-    except OSError as exc:
-        raise UserError(f"cannot reach {base_url}: {exc.strerror or exc}") from None
-    writer.close()
-    try:
-        await writer.wait_closed()
-    except OSError:
-        pass  # the peer may reset a connection that sent nothing; we only wanted to know it accepts
 
 
 def new_session() -> aiohttp.ClientSession:

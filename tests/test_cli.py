@@ -1,0 +1,138 @@
+"""The command line as a user meets it: one-line errors, exit codes, the main job end to end, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from servelab.store.rundir import read_records
+
+SERVELAB = [sys.executable, "-m", "servelab.cli"]
+
+
+def servelab(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*SERVELAB, *args], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: nothing listens there
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+@pytest.mark.parametrize("command", ["bench", "verify"])
+def test_unreachable_url_is_a_one_line_error_within_10s(command: str) -> None:
+    port = closed_port()
+    t0 = time.monotonic()
+    proc = servelab(command, f"http://127.0.0.1:{port}")
+    assert time.monotonic() - t0 < 10
+    assert_one_line_error(proc, "cannot reach", str(port))
+
+
+def test_bad_arguments_are_usage_errors() -> None:
+    proc = servelab("bench", "http://127.0.0.1:1", "--mode", "burst")
+    assert_one_line_error(proc, "unknown mode")
+    proc = servelab("up", "no-such-engine")
+    assert_one_line_error(proc, "unknown engine", "llamacpp")
+
+
+def test_up_refuses_a_port_in_use_before_starting_anything(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = servelab("up", "llamacpp", "--port", str(port), "--log-dir", str(tmp_path))
+    assert_one_line_error(proc, str(port))
+    assert not list(tmp_path.glob("*.log"))  # no engine was started, so no engine log exists
+
+
+@pytest.mark.engine
+def test_up_reports_an_engine_that_dies_during_start_up(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(os.urandom(4096))
+    proc = servelab("up", "llamacpp", "--model", str(bad), "--log-dir", str(tmp_path))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "exit" in proc.stderr.lower()
+    assert "failed to load" in proc.stderr.lower() or "error" in proc.stderr.lower()
+
+
+@pytest.mark.engine
+def test_run_end_to_end_writes_a_self_consistent_summary(tmp_path: Path) -> None:
+    proc = servelab("run", "--out", str(tmp_path), "--duration", "2", "--requests", "2", "--max-tokens", "16",
+                    "--max-concurrency", "4", "--json", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert summary["status"] == "complete" and summary["schema_version"] == 1
+    run_dir = tmp_path / summary["run_id"]
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert on_disk["headline"] == summary["headline"]
+    head = summary["headline"]
+    assert head["single.decode_tok_s"]["value"] > 0
+    assert head["peak.output_tok_s"]["value"] > 0
+    assert head["single.decode_tok_s"]["counted_by"] == "server_per_chunk"
+    # verify passed its core checks; the launch was ready with a phase timeline
+    outcomes = {c["id"]: c["outcome"] for c in summary["verify"]["checks"]}
+    assert outcomes["models"] == "pass" and outcomes["chat_stream"] == "pass" and outcomes["chat"] != "fail"
+    assert summary["launch"]["verdict"]["state"] == "ready"
+    assert [p["name"] for p in summary["launch"]["phases"]][-1] == "ready"
+    # provenance names the engine, the exact command, the model file and the host
+    prov = summary["provenance"]
+    assert prov["engine_version"].startswith("xllamacpp")
+    assert "servelab.engines.llamacpp_server" in " ".join(prov["command"])
+    assert prov["model_path"].endswith(".gguf") and prov["model_size_bytes"] > 50_000_000
+    assert prov["host"]["cpu_cores_logical"] >= 1 and prov["servelab_version"]
+    # every request is on disk, and the single-stream level accounts for all of its tokens
+    records = read_records(run_dir / "records.jsonl")
+    single = [r for r in records if r.tag == "single" and not r.warmup]
+    assert len(single) == 2 and all(r.output_tokens == 16 for r in single)
+    level = summary["single"]["levels"][0]
+    assert level["figures"]["output_tok_s"]["value"] * level["window_s"] == pytest.approx(32, rel=1e-6)
+
+
+@pytest.mark.engine
+def test_ctrl_c_during_run_stops_the_engine_and_keeps_what_was_measured(tmp_path: Path) -> None:
+    proc = subprocess.Popen([*SERVELAB, "run", "--out", str(tmp_path), "--duration", "30", "--requests", "50",
+                             "--max-tokens", "64"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        records_file = None
+        while time.monotonic() < deadline:
+            found = list(tmp_path.glob("*/records.jsonl"))
+            if found and len(read_records(found[0])) >= 3:
+                records_file = found[0]
+                break
+            time.sleep(0.2)
+        assert records_file is not None, "the bench never started"
+        engine_pids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        assert engine_pids
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    summary = json.loads((records_file.parent / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["single"]["interrupted"] is True
+    assert summary["single"]["levels"][0]["ok"] >= 2
+    for pid in engine_pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
