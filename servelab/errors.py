@@ -27,3 +27,5 @@ class EngineFailed(UserError):
         super().__init__(message, hint)
         self.engine_exit_code = exit_code
         self.log_tail = log_tail or []
+        # The failed launch as a record (records.LaunchResult), so a run directory can keep the evidence.
+        self.launch_result = None

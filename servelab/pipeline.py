@@ -13,7 +13,7 @@ from rich.console import Console
 
 from servelab.bench.runner import BenchOptions, bench
 from servelab.engines import EngineSpec
-from servelab.errors import UserError
+from servelab.errors import EngineFailed, UserError
 from servelab.provenance import build_provenance
 from servelab.records import BenchResult, RunSummary
 from servelab.report.live import live_launch
@@ -71,6 +71,8 @@ def run_main_job(options: RunOptions, console: Console) -> tuple[RunSummary, Run
         console.print("[yellow]interrupted: the engine was stopped and partial results were written[/yellow]")
     except UserError as exc:
         summary.status, summary.error = "failed", str(exc)
+        if isinstance(exc, EngineFailed) and exc.launch_result is not None:
+            summary.launch = exc.launch_result
         raise
     finally:
         rundir.close()

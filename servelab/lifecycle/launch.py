@@ -359,7 +359,7 @@ def _timed_out(adapter: EngineAdapter, launch: Launch, process: SupervisedProces
 
 def _attach_result(failure: EngineFailed, adapter: EngineAdapter, launch: Launch, process: SupervisedProcess,
                    tracker: PhaseTracker, verdict: Verdict) -> None:
-    """The failed launch as a record, for a run directory's summary (EngineFailed declares no field for it)."""
-    failure.launch_result = LaunchResult(  # type: ignore[attr-defined]
+    """The failed launch as a record, for a run directory's summary."""
+    failure.launch_result = LaunchResult(
         engine=adapter.name, url=launch.url, ready_s=None, phases=tracker.phases, verdict=verdict,
         log_path=str(process.log_path))
