@@ -8,6 +8,7 @@ Timeouts are *not* handled here: the runner owns each check's deadline and cance
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,10 +58,13 @@ def one_line(text: str, limit: int = 80) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def new_session() -> aiohttp.ClientSession:
+def new_session(api_key: str | None = None) -> aiohttp.ClientSession:
     # No total timeout here: each check has its own deadline (runner). A connect that takes longer than a few
     # seconds on a server that was reachable a moment ago is a failure worth naming on its own.
-    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S))
+    # The API key travels only in this header: evidence records request bodies, never headers.
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
+                                 headers=headers)
 
 
 def describe_transport_error(exc: aiohttp.ClientError) -> str:
@@ -110,18 +114,40 @@ def parse_json(text: str, content_type: str) -> Any:
         raise BadResponse(f"invalid JSON ({exc.msg} at char {exc.pos}): {shown}", excerpt(text)) from None
 
 
-async def request_json(session: aiohttp.ClientSession, method: str, base_url: str, path: str,
-                       body: dict[str, Any] | None = None) -> JsonReply:
+@dataclass
+class RawReply:
+    """An answer of any status, its body not yet judged: for checks that expect an error, or a missing endpoint."""
+
+    status: int
+    content_type: str
+    text: str
+
+    def json(self) -> Any:
+        """The parsed body, or None when it is not JSON."""
+        try:
+            return json.loads(self.text)
+        except json.JSONDecodeError:
+            return None
+
+
+async def request_raw(session: aiohttp.ClientSession, method: str, base_url: str, path: str,
+                      body: dict[str, Any] | None = None) -> RawReply:
+    """Send one request and return whatever status came back. Transport failures still raise BadResponse."""
     try:
         async with session.request(method, base_url + path, json=body) as response:
             raw = await response.read()
-            content_type = _content_type(response)
-            status = response.status
+            return RawReply(status=response.status, content_type=_content_type(response),
+                            text=raw.decode("utf-8", errors="replace"))
     except aiohttp.ClientError as exc:
         raise BadResponse(describe_transport_error(exc)) from None
-    text = raw.decode("utf-8", errors="replace")
-    _check_status(method, path, status, text)
-    return JsonReply(status=status, content_type=content_type, text=text, body=parse_json(text, content_type))
+
+
+async def request_json(session: aiohttp.ClientSession, method: str, base_url: str, path: str,
+                       body: dict[str, Any] | None = None) -> JsonReply:
+    reply = await request_raw(session, method, base_url, path, body)
+    _check_status(method, path, reply.status, reply.text)
+    return JsonReply(status=reply.status, content_type=reply.content_type, text=reply.text,
+                     body=parse_json(reply.text, reply.content_type))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -139,6 +165,10 @@ class StreamReply:
     events: list[SSEEvent] = field(default_factory=list)
     disconnect: str | None = None  # why the body ended early, when the transport broke instead of ending cleanly
     undecodable: bool = False  # some event's data was not UTF-8
+    # perf_counter() times: request sent, first body bytes, end of the body (for telling overlap from queueing)
+    sent_at: float = 0.0
+    first_bytes_at: float | None = None
+    ended_at: float | None = None
 
 
 async def post_stream(session: aiohttp.ClientSession, base_url: str, path: str, body: dict[str, Any],
@@ -146,14 +176,17 @@ async def post_stream(session: aiohttp.ClientSession, base_url: str, path: str, 
     """POST `body` and read the SSE response to its end. `on_progress(raw_so_far)` runs after every read, so that
     if the runner's deadline cancels the check the evidence of what had arrived is not lost."""
     parser = SSEParser()
+    sent_at = time.perf_counter()
     try:
         async with session.post(base_url + path, json=body) as response:
-            reply = StreamReply(status=response.status, content_type=_content_type(response))
+            reply = StreamReply(status=response.status, content_type=_content_type(response), sent_at=sent_at)
             if not 200 <= response.status < 300:
                 text = (await response.read()).decode("utf-8", errors="replace")
                 _check_status("POST", path, response.status, text)
             try:
                 async for chunk in response.content.iter_any():
+                    if reply.first_bytes_at is None:
+                        reply.first_bytes_at = time.perf_counter()
                     reply.raw += chunk
                     _feed(reply, parser, chunk)
                     if on_progress is not None:
@@ -165,6 +198,7 @@ async def post_stream(session: aiohttp.ClientSession, base_url: str, path: str, 
                 reply.disconnect = "the server disconnected"
     except aiohttp.ClientError as exc:
         raise BadResponse(describe_transport_error(exc)) from None
+    reply.ended_at = time.perf_counter()
     try:
         reply.events.extend(parser.close())
     except SSEDecodeError:

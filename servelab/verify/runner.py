@@ -12,7 +12,8 @@ import time
 
 from servelab.errors import UserError
 from servelab.records import CheckResult, VerifyResult
-from servelab.verify.checks import CHECKS, Check, CheckContext, CheckFailed, Evidence, Verdict, discover_model
+from servelab.verify.checks import (CHECKS, Check, CheckContext, CheckFailed, Evidence, Verdict, discover_model)
+from servelab.verify.checks.registry import DEFAULT_CONCURRENCY
 from servelab.verify.http import BadResponse, ensure_reachable, new_session, normalize_base_url
 
 
@@ -52,20 +53,26 @@ async def run_one(check: Check, ctx: CheckContext, timeout_s: float) -> CheckRes
 
 
 async def run_checks(url: str, model: str | None = None, only: list[str] | None = None,
-                     skip: list[str] | None = None, check_timeout_s: float = 30.0) -> VerifyResult:
+                     skip: list[str] | None = None, check_timeout_s: float = 30.0, api_key: str | None = None,
+                     concurrency: int = DEFAULT_CONCURRENCY) -> VerifyResult:
     """Verify the OpenAI-compatible server at `url` (with or without a trailing /v1).
 
     `model` defaults to the first one the server lists. `only` / `skip` take check ids (see `CHECKS`); checks not
-    run appear with outcome "skip". Raises UserError for bad arguments or a server that cannot be connected to.
+    run appear with outcome "skip". `api_key` is sent as `Authorization: Bearer …` and recorded nowhere.
+    `concurrency` is how many simultaneous requests the concurrency checks send. Raises UserError for bad
+    arguments or a server that cannot be connected to.
     """
     if check_timeout_s <= 0:
         raise UserError(f"check timeout must be positive, got {check_timeout_s:g}s")
+    if concurrency < 2:
+        raise UserError(f"concurrency must be at least 2, got {concurrency}")
     base_url = normalize_base_url(url)
     why_not = select_checks(only, skip)
     await ensure_reachable(base_url)
 
-    async with new_session() as session:
-        ctx = CheckContext(session=session, base_url=base_url, model=model)
+    async with new_session(api_key) as session:
+        ctx = CheckContext(session=session, base_url=base_url, model=model, api_key=api_key,
+                           concurrency=concurrency, check_timeout_s=check_timeout_s)
         if ctx.model is None and why_not["models"] is not None:
             # The models check would have picked the model; do the same quietly, within the same deadline.
             try:
@@ -86,6 +93,8 @@ async def run_checks(url: str, model: str | None = None, only: list[str] | None 
 
 
 def verify(url: str, model: str | None = None, only: list[str] | None = None, skip: list[str] | None = None,
-           check_timeout_s: float = 30.0) -> VerifyResult:
+           check_timeout_s: float = 30.0, api_key: str | None = None,
+           concurrency: int = DEFAULT_CONCURRENCY) -> VerifyResult:
     """`run_checks` for callers without an event loop (the CLI). Not callable from inside a running loop."""
-    return asyncio.run(run_checks(url, model=model, only=only, skip=skip, check_timeout_s=check_timeout_s))
+    return asyncio.run(run_checks(url, model=model, only=only, skip=skip, check_timeout_s=check_timeout_s,
+                                  api_key=api_key, concurrency=concurrency))

@@ -1,0 +1,136 @@
+"""The story's checks: the model list, one chat request, and the same request streamed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from servelab.verify.checks.common import (chat_request, check_content, check_correct_answer, check_usage,
+                                           compare_with_chat, FINISH_REASONS, judge_stream_completion,
+                                           judge_stream_end, judge_stream_format, quoted, read_chat_stream,
+                                           reasoning_of)
+from servelab.verify.checks.registry import CheckContext, CheckFailed, Evidence, Findings, Verdict, check
+from servelab.verify.http import BadResponse, excerpt, excerpt_ends, one_line, post_stream, request_json
+
+# ---- models ------------------------------------------------------------------------------------------------------
+
+
+def listed_model_ids(body: Any) -> tuple[list[str], bool]:
+    """The ids a /v1/models answer lists, and whether it used OpenAI's `data` list (else llama.cpp's older,
+    ollama-style `models` list)."""
+    if not isinstance(body, dict):
+        raise CheckFailed(f"expected an object with a `data` list, got {type(body).__name__}")
+    if isinstance(body.get("data"), list):
+        ids = [entry.get("id") for entry in body["data"] if isinstance(entry, dict)]
+        missing = len(body["data"]) - sum(isinstance(i, str) and i != "" for i in ids)
+        if missing:
+            raise CheckFailed(f"{missing} of {len(body['data'])} entries in `data` have no string `id`")
+        return ids, True
+    if isinstance(body.get("models"), list):
+        ids = [entry.get("model") or entry.get("name") for entry in body["models"] if isinstance(entry, dict)]
+        return [i for i in ids if isinstance(i, str) and i], False
+    raise CheckFailed(f"no `data` list in the answer (keys: {', '.join(sorted(body)) or 'none'})")
+
+
+async def discover_model(ctx: CheckContext) -> str | None:
+    """The first listed model, for runs that skip the `models` check but were given no model. None if unknown."""
+    try:
+        reply = await request_json(ctx.session, "GET", ctx.base_url, "/v1/models")
+        ids, _ = listed_model_ids(reply.body)
+    except (BadResponse, CheckFailed):
+        return None
+    return ids[0] if ids else None
+
+
+@check("models", "GET /v1/models lists a model", needs_model=False)
+async def models_listed(ctx: CheckContext, evidence: Evidence) -> Verdict:
+    reply = await request_json(ctx.session, "GET", ctx.base_url, "/v1/models")
+    evidence.response_excerpt = excerpt(reply.text)
+    ids, openai_shape = listed_model_ids(reply.body)
+    if not ids:
+        raise CheckFailed("the server lists no models")
+    findings = Findings()
+    if not openai_shape:
+        findings.warn("no OpenAI `data` list; ids taken from the llama.cpp-style `models` list")
+    if ctx.model is None:
+        ctx.model = ids[0]
+        findings.note(f"using {ids[0]!r} (the first listed)")
+    elif ctx.model not in ids:
+        findings.warn(f"{ctx.model!r} is not among the listed models; some servers answer for any name")
+    shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+    return findings.verdict(f"lists {len(ids)} model{'s' if len(ids) != 1 else ''}: {shown}")
+
+
+# ---- chat --------------------------------------------------------------------------------------------------------
+
+
+@check("chat", "POST /v1/chat/completions returns a well-formed chat.completion")
+async def chat_completion(ctx: CheckContext, evidence: Evidence) -> Verdict:
+    assert ctx.model is not None  # needs_model
+    evidence.request = chat_request(ctx.model)
+    reply = await request_json(ctx.session, "POST", ctx.base_url, "/v1/chat/completions", evidence.request)
+    evidence.response_excerpt = excerpt(reply.text)
+    body = reply.body
+    if not isinstance(body, dict):
+        raise CheckFailed(f"expected a JSON object, got {type(body).__name__}")
+    if "error" in body and "choices" not in body:
+        raise CheckFailed(f"the server answered 2xx with an error: {one_line(json.dumps(body['error']), 200)}")
+    findings = Findings()
+    if body.get("object") != "chat.completion":
+        findings.fail(f"object is {body.get('object')!r}, expected 'chat.completion'")
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        findings.fail("no choices[0]")
+        return findings.verdict()
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        findings.fail("choices[0] has no message object")
+        return findings.verdict()
+    if message.get("role") != "assistant":
+        findings.fail(f"message.role is {message.get('role')!r}, expected 'assistant'")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        findings.fail(f"message.content is a {type(content).__name__}, expected a string")
+        content = None
+    text = content or ""
+    check_content(text, reasoning_of(message), findings, "message")
+    check_correct_answer(text, findings)
+    finish_reason = choices[0].get("finish_reason")
+    if finish_reason not in FINISH_REASONS:
+        findings.fail(f"finish_reason is {finish_reason!r}, expected one of {', '.join(FINISH_REASONS)}")
+    check_usage(body.get("usage"), findings, "the response")
+    if text:
+        ctx.chat_text = text
+    return findings.verdict(f"answer: {quoted(text)}")
+
+# ---- chat_stream -------------------------------------------------------------------------------------------------
+
+
+@check("chat_stream", "Streamed chat: SSE, [DONE], usage, same text as non-streamed")
+async def chat_stream(ctx: CheckContext, evidence: Evidence) -> Verdict:
+    assert ctx.model is not None  # needs_model
+    evidence.request = chat_request(ctx.model, stream=True)
+
+    def keep_excerpt(raw: bytes) -> None:
+        evidence.response_excerpt = excerpt_ends(raw.decode("utf-8", errors="replace"))
+
+    reply = await post_stream(ctx.session, ctx.base_url, "/v1/chat/completions", evidence.request, keep_excerpt)
+    keep_excerpt(reply.raw)
+    if not reply.events:
+        if reply.disconnect:
+            raise CheckFailed(f"connection closed before [DONE], before any event ({reply.disconnect})")
+        if reply.content_type != "text/event-stream":
+            shown = one_line(reply.raw.decode("utf-8", errors="replace")) or "(empty body)"
+            raise BadResponse(f"expected an SSE stream (text/event-stream), got {reply.content_type}: {shown}")
+        raise CheckFailed("the stream carried no events")
+
+    findings = Findings()
+    reading = read_chat_stream([event.data for event in reply.events])
+    cut_off = judge_stream_end(reply, reading, findings)
+    judge_stream_format(reply, reading, findings)
+    if not cut_off:
+        # A stream cut short lacks its finish, usage and the rest of its text as a consequence; listing those
+        # would bury the cause.
+        judge_stream_completion(reading, findings)
+        compare_with_chat(reading.text, ctx.chat_text, findings)
+    return findings.verdict(f"answer: {quoted(reading.text)}; {len(reading.chunks)} chunks")
