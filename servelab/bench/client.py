@@ -4,8 +4,8 @@ Timing: `perf_counter_ns()` right after each socket read returns; every event co
 time. The hot loop only parses SSE and JSON and appends tuples; token counting happens when the stream has
 ended (bench/tokens.py).
 
-Deadlines (all per request): connect, first byte (until the first SSE event), idle (the longest gap between two
-reads), total. Whichever fires is recorded as the error kind, so a stalled stream costs `idle_s`, not hours.
+Deadlines (all per request): connect, first byte (until the first event that carries a token), idle (the longest
+gap between two reads after that), total. Whichever fires is recorded as the error kind, so a stalled stream costs `idle_s`, not hours.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class RequestSpec:
     tag: str = ""
     warmup: bool = False
     input_tokens: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)  # per-request headers (e.g. a calibration id)
 
 
 @dataclass
@@ -90,10 +91,14 @@ class StreamClient:
     def build_body(self, spec: RequestSpec) -> dict[str, Any]:
         body = dict(spec.body)
         body["stream"] = True
+        extras = dict(self.options.stream_extras)
+        stream_options = {**(extras.pop("stream_options", None) or {}), **(body.get("stream_options") or {})}
         if self.options.include_usage:
-            body["stream_options"] = {"include_usage": True, **(body.get("stream_options") or {})}
-        for key, value in self.options.stream_extras.items():
-            body.setdefault(key, value)
+            stream_options.setdefault("include_usage", True)
+        if stream_options:
+            body["stream_options"] = stream_options
+        for key, value in extras.items():
+            body.setdefault(key, value)  # what the workload set explicitly wins over the engine's extras
         return body
 
     async def send(self, spec: RequestSpec, scheduled_ns: int | None = None) -> RequestRecord:
@@ -108,7 +113,7 @@ class StreamClient:
         chunks: list[RawChunk] = []
         usage: Usage | None = None
         try:
-            usage = await self._stream(payload, spec.endpoint, record, chunks)
+            usage = await self._stream(payload, spec.endpoint, record, chunks, spec.headers)
             record.ok = record.error_kind is None
         except _Failure as f:
             record.error_kind, record.error_detail, record.http_status = f.kind, f.detail, f.status or \
@@ -121,7 +126,7 @@ class StreamClient:
         return record
 
     async def _stream(self, payload: bytes, endpoint: str, record: RequestRecord,
-                      chunks: list[RawChunk]) -> Usage | None:
+                      chunks: list[RawChunk], headers: dict[str, str]) -> Usage | None:
         d = self.options.deadlines
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -129,8 +134,9 @@ class StreamClient:
         usage: Usage | None = None
 
         def next_deadline() -> tuple[float, ErrorKind]:
-            # Until the first event: the first-byte deadline; then the idle gap; never past the total.
-            if not record.chunks:
+            # Until the first token: the first-byte deadline (a role chunk sent with the headers does not end it:
+            # prefill of a long prompt can take longer than any idle gap); then the idle gap; never past the total.
+            if not chunks:
                 limit, kind = first_byte_deadline, "timeout_first_byte"
             else:
                 limit, kind = loop.time() + d.idle_s, "timeout_idle"
@@ -138,8 +144,9 @@ class StreamClient:
 
         limit, phase = next_deadline()
         try:
-            async with asyncio.timeout(limit) as guard:
-                async with self._session.post(self.base_url + endpoint, data=payload) as resp:
+            async with asyncio.timeout_at(limit) as guard:
+                async with self._session.post(self.base_url + endpoint, data=payload,
+                                              headers=headers or None) as resp:
                     record.t_headers_ns = time.perf_counter_ns()
                     record.http_status = resp.status
                     if resp.status >= 400:

@@ -165,7 +165,7 @@ def token_accounting_warnings(ok: Sequence[RequestRecord]) -> list[str]:
     """Say when the client's counts and the server's usage disagree, or when the requested length was ignored."""
     warnings: list[str] = []
     mismatched = [r for r in ok if r.usage and r.usage.completion_tokens is not None
-                  and r.usage.completion_tokens != r.output_tokens]
+                  and r.usage.completion_tokens != r.output_tokens and not _eos_only(r)]
     if mismatched:
         r = mismatched[0]
         warnings.append(f"{len(mismatched)} of {len(ok)} requests: client token count differs from the server's "
@@ -178,6 +178,13 @@ def token_accounting_warnings(ok: Sequence[RequestRecord]) -> list[str]:
         warnings.append(f"{len(short)} of {len(ok)} requests did not produce the requested max_tokens despite "
                         f"ignore_eos (e.g. request {r.index}: {r.output_tokens} of {r.max_tokens})")
     return warnings
+
+
+def _eos_only(r: RequestRecord) -> bool:
+    """A client tokenizer cannot see the end-of-sequence token, which servers count in usage: a request that
+    stopped on EOS is one token short by construction, not by error."""
+    return (r.count_method == "client_tokenizer" and r.finish_reason == "stop" and r.usage is not None
+            and r.usage.completion_tokens == r.output_tokens + 1)
 
 
 def _ms(ns: int | None) -> float | None:

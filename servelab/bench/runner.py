@@ -19,6 +19,9 @@ import aiohttp
 from servelab.bench.client import ClientOptions, Deadlines, StreamClient
 from servelab.bench.loads import Recorder, Target, run_concurrency, run_single
 from servelab.bench.metrics import summarize
+from servelab.bench.tokenizer import (LlamaCppServerTokenizer, Tokenizer, probe_server_tokenizer,
+                                      tokenizer_from_option)
+from servelab.bench.tokens import recount_with_tokenizer
 from servelab.bench.workload import Workload
 from servelab.engines.detect import detect_engine
 from servelab.errors import UserError
@@ -38,6 +41,9 @@ class BenchOptions:
     min_gain: float = 0.03  # a level must beat the best so far by this fraction to count as growth
     deadlines: Deadlines = field(default_factory=Deadlines)
     api_key: str | None = None
+    # How to count tokens when the server gives no per-chunk counts: auto (the server's tokenizer endpoint when
+    # it has one), server, none, calibration, or a path to a tokenizer.json. See bench/tokenizer.py.
+    tokenizer: str = "auto"
 
 
 @dataclass
@@ -51,6 +57,7 @@ class BenchState:
     levels: list[Summary] = field(default_factory=list)
     current: tuple[str, int, int] | None = None  # (tag, concurrency, start_ns) of the level in progress
     stop_reason: str | None = None
+    tokenizer: Tokenizer | None = None
 
     def result(self, interrupted: bool = False) -> BenchResult:
         levels = list(self.levels)
@@ -62,7 +69,8 @@ class BenchState:
             levels[-1].warnings.append("interrupted: this level did not run to the end")
         result = BenchResult(url=self.url, model=self.model, mode=self.options.mode,
                              workload=self.options.workload.describe(self.accepts_ignore_eos) |
-                             {"engine_detected": self.engine},
+                             {"engine_detected": self.engine,
+                              "tokenizer": self.tokenizer.name if self.tokenizer else None},
                              levels=levels, stop_reason=self.stop_reason, interrupted=interrupted)
         result.headline = headline(result)
         return result
@@ -121,6 +129,20 @@ async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
     if adapter is not None:
         state.engine = adapter.name
         state.accepts_ignore_eos = adapter.accepts_ignore_eos
+    option = state.options.tokenizer
+    if option == "auto":
+        state.tokenizer = LlamaCppServerTokenizer(url) if await probe_server_tokenizer(session, url) else None
+    else:
+        state.tokenizer = tokenizer_from_option(option, url)
+
+
+async def finish_level(state: BenchState, records: list[RequestRecord], *, tag: str, mode: str,
+                       concurrency: int, window: tuple[int, int]) -> Summary:
+    """Recount tokens where the stream gave no per-chunk counts (after the load, so it never perturbs it), then
+    compute the level's figures."""
+    if state.tokenizer is not None:
+        await recount_with_tokenizer(records, state.tokenizer)
+    return summarize(records, tag=tag, mode=mode, concurrency=concurrency, window=window)
 
 
 async def run_bench(state: BenchState) -> BenchResult:
@@ -137,7 +159,8 @@ async def run_bench(state: BenchState) -> BenchResult:
             state.current = ("single", 1, time.perf_counter_ns())
             records, window = await run_single(client, opts.workload, target, state.recorder,
                                                requests=opts.single_requests, warmup=opts.warmup)
-            state.levels.append(summarize(records, tag="single", mode="single", concurrency=1, window=window))
+            state.levels.append(await finish_level(state, records, tag="single", mode="single", concurrency=1,
+                                                   window=window))
             state.current = None
         else:
             await sweep(state, client, target)
@@ -158,7 +181,8 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
         state.current = (tag, concurrency, time.perf_counter_ns())
         records, window = await run_concurrency(client, opts.workload, target, state.recorder,
                                                 concurrency=concurrency, duration_s=opts.level_duration_s)
-        level = summarize(records, tag=tag, mode="concurrency", concurrency=concurrency, window=window)
+        level = await finish_level(state, records, tag=tag, mode="concurrency", concurrency=concurrency,
+                                   window=window)
         state.levels.append(level)
         state.current = None
         tput = level.figures["output_tok_s"].value or 0.0

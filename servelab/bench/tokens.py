@@ -6,15 +6,18 @@ Counting never assumes one chunk is one token unless nothing better exists, and 
    consecutive counts. Tokens the server counted without sending text (the end-of-sequence token, bytes held back
    until a UTF-8 character completes) become events with empty text at the time they were reported, so the sum
    equals the server's `completion_tokens`.
-2. chunk_count: one token per text-bearing chunk. Labelled; the client-tokenizer recount (issue #3) replaces it
-   where a tokenizer is available.
+2. chunk_count: one token per text-bearing chunk, labelled as such. After the run, `recount_with_tokenizer`
+   replaces it by client_tokenizer counts wherever a tokenizer is available (bench/tokenizer.py).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from servelab.records import CountMethod, TokenEvent, TokenKind, Usage
+from servelab.records import CountMethod, RequestRecord, TokenEvent, TokenKind, Usage
+
+if TYPE_CHECKING:
+    from servelab.bench.tokenizer import Tokenizer
 
 
 class RawChunk(NamedTuple):
@@ -72,3 +75,45 @@ def _one_per_chunk(chunks: list[RawChunk]) -> list[TokenEvent]:
         if c.answer:
             events.append(TokenEvent(t_ns=c.t_ns, kind="answer", tokens=1, text=c.answer))
     return events
+
+
+def assign_tokens(event_texts: list[str], token_ends: list[int]) -> list[int]:
+    """Tokens per event, given where each token of the concatenated text ends: a token belongs to the event in
+    which its last character arrived."""
+    counts: list[int] = []
+    i = 0
+    position = 0
+    for text in event_texts:
+        position += len(text)
+        n = 0
+        while i < len(token_ends) and token_ends[i] <= position:
+            n += 1
+            i += 1
+        counts.append(n)
+    if counts and i < len(token_ends):
+        counts[-1] += len(token_ends) - i  # a tokenizer that reports past the text: keep the total exact
+    return counts
+
+
+async def recount_with_tokenizer(records: list[RequestRecord], tokenizer: Tokenizer) -> int:
+    """Replace one-per-chunk counts by the tokenizer's, for every record that has nothing better.
+    Returns how many records were recounted."""
+    todo = [r for r in records if r.count_method == "chunk_count" and r.events]
+    if not todo:
+        return 0
+    texts: list[str] = []
+    for r in todo:
+        for kind in ("answer", "reasoning"):
+            texts.append("".join(e.text for e in r.events if e.kind == kind))
+    ends = await tokenizer.token_ends(texts)
+    for n, r in enumerate(todo):
+        new_events: list[TokenEvent] = []
+        per_kind = {"answer": ends[2 * n], "reasoning": ends[2 * n + 1]}
+        for kind, kind_ends in per_kind.items():
+            evs = [e for e in r.events if e.kind == kind]
+            for e, k in zip(evs, assign_tokens([e.text for e in evs], kind_ends)):
+                new_events.append(e.model_copy(update={"tokens": k}))
+        new_events.sort(key=lambda e: (e.t_ns, e.kind != "reasoning"))  # reasoning first on a tie
+        r.events = new_events
+        r.count_method = "client_tokenizer"
+    return len(todo)
