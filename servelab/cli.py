@@ -204,6 +204,49 @@ def run_cmd(
         raise typer.Exit(1)
 
 
+@app.command()
+def selftest(
+    tolerance: Annotated[float, typer.Option(help="Timing error allowed at p99, ms.")] = 1.0,
+    max_streams: Annotated[int, typer.Option(help="Stop at this many concurrent streams.")] = 256,
+    duration: Annotated[float, typer.Option(help="Seconds per level.")] = 2.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Measure how much streaming load this machine's client times accurately (against the calibration server)."""
+    import asyncio
+
+    from rich.table import Table
+
+    from servelab.bench.selftest import run_selftest, save
+
+    ui = _out_console(as_json)
+    with ui.status("selftest: starting the calibration server") as status:
+        def on_level(level) -> None:
+            status.update(f"selftest: {level.streams} streams, {level.events_s:,.0f} events/s, "
+                          f"p99 error {level.error_ms_p99:.2f} ms")
+
+        result = asyncio.run(run_selftest(tolerance_ms=tolerance, max_streams=max_streams,
+                                          level_duration_s=duration, on_level=on_level))
+    path = save(result)
+    if as_json:
+        print(result.model_dump_json(indent=2))
+        return
+    table = Table(title=f"client timing accuracy (tolerance {tolerance:g} ms at p99)", title_justify="left")
+    for col in ("streams", "events/s", "tokens/s", "req/s", "error p50 ms", "error p99 ms", "max ms", "ok"):
+        table.add_column(col, justify="right")
+    for lv in result.levels:
+        table.add_row(str(lv.streams), f"{lv.events_s:,.0f}", f"{lv.tokens_s:,.0f}", f"{lv.requests_s:,.1f}",
+                      f"{lv.error_ms_p50:.3f}", f"{lv.error_ms_p99:.3f}", f"{lv.error_ms_max:.2f}",
+                      "yes" if lv.within_tolerance else "[red]no[/red]")
+    console.print(table)
+    if result.ceiling_streams:
+        console.print(f"ceiling: {result.ceiling_streams} streams, {result.ceiling_events_s:,.0f} events/s, "
+                      f"{result.ceiling_tokens_s:,.0f} tok/s within {tolerance:g} ms (saved to {path}; bench warns "
+                      f"when a level goes past half of it)")
+    else:
+        console.print("[yellow]even one stream exceeded the tolerance: this machine is too busy to time "
+                      "accurately[/yellow]")
+
+
 def main() -> None:
     # A closed pipe (servelab … | head) is not an error worth a traceback.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)

@@ -21,6 +21,7 @@ from servelab.bench.loads import Recorder, Target, run_concurrency, run_single
 from servelab.bench.metrics import summarize
 from servelab.bench.tokenizer import (LlamaCppServerTokenizer, Tokenizer, probe_server_tokenizer,
                                       tokenizer_from_option)
+from servelab.bench.selftest import SelftestResult, ceiling_warning, load_ceiling
 from servelab.bench.tokens import recount_with_tokenizer
 from servelab.bench.workload import Workload
 from servelab.engines.detect import detect_engine
@@ -58,6 +59,7 @@ class BenchState:
     current: tuple[str, int, int] | None = None  # (tag, concurrency, start_ns) of the level in progress
     stop_reason: str | None = None
     tokenizer: Tokenizer | None = None
+    client_ceiling: SelftestResult | None = field(default_factory=load_ceiling)
 
     def result(self, interrupted: bool = False) -> BenchResult:
         levels = list(self.levels)
@@ -142,7 +144,13 @@ async def finish_level(state: BenchState, records: list[RequestRecord], *, tag: 
     compute the level's figures."""
     if state.tokenizer is not None:
         await recount_with_tokenizer(records, state.tokenizer)
-    return summarize(records, tag=tag, mode=mode, concurrency=concurrency, window=window)
+    summary = summarize(records, tag=tag, mode=mode, concurrency=concurrency, window=window)
+    events = sum(1 for r in records if not r.warmup for e in r.events if window[0] <= e.t_ns <= window[1])
+    if summary.window_s > 0:
+        warning = ceiling_warning(events / summary.window_s, state.client_ceiling)
+        if warning:
+            summary.warnings.append(warning)
+    return summary
 
 
 async def run_bench(state: BenchState) -> BenchResult:
