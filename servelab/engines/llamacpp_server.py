@@ -26,7 +26,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-cont-batching", "-nocb", action="store_true")
     p.add_argument("--no-metrics", action="store_true", help="disable the Prometheus /metrics endpoint")
     p.add_argument("--verbosity", "-lv", type=int, default=3)
+    # Speculative decoding, with llama-server's flag names.
+    p.add_argument("--spec-type", default="none", choices=sorted(SPEC_TYPES),
+                   help="speculative decoding: a draft model (draft-simple) or n-gram lookup (ngram-simple, ...)")
+    p.add_argument("--draft-model", "-md", default=None, help="GGUF of the draft model (draft-* types)")
+    p.add_argument("--draft-max", type=int, default=16, help="tokens drafted per step")
+    p.add_argument("--draft-min", type=int, default=0)
     return p.parse_args(argv)
+
+
+# llama-server's --spec-type names -> xllamacpp enum member suffixes
+SPEC_TYPES = {
+    "none": "NONE", "draft-simple": "DRAFT_SIMPLE", "draft-eagle3": "DRAFT_EAGLE3", "draft-mtp": "DRAFT_MTP",
+    "ngram-simple": "NGRAM_SIMPLE", "ngram-map-k": "NGRAM_MAP_K", "ngram-map-k4v": "NGRAM_MAP_K4V",
+    "ngram-mod": "NGRAM_MOD", "ngram-cache": "NGRAM_CACHE",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +60,23 @@ def main(argv: list[str] | None = None) -> int:
     p.verbosity = args.verbosity
     if args.alias:
         p.model_alias = {args.alias}
+    if args.spec_type != "none":
+        kind = getattr(xlc.common_speculative_type, f"COMMON_SPECULATIVE_TYPE_{SPEC_TYPES[args.spec_type]}")
+        p.speculative.types = [kind]
+        if args.spec_type.startswith("draft-"):
+            if not args.draft_model:
+                print(f"servelab launcher: --spec-type {args.spec_type} needs --draft-model", file=sys.stderr)
+                return 2
+            from servelab.errors import UserError
+            from servelab.models import resolve_model
+
+            try:  # a known name (smollm2) or a path, like --model on servelab's side
+                p.speculative.draft.mparams.path = str(resolve_model(args.draft_model).path)
+            except UserError as exc:
+                print(f"servelab launcher: draft model: {exc}", file=sys.stderr)
+                return 2
+            p.speculative.draft.n_max = args.draft_max
+            p.speculative.draft.n_min = args.draft_min
 
     stop = threading.Event()
 
