@@ -142,6 +142,29 @@ class Figure(BaseModel):
     note: str | None = None
 
 
+class SpecDecode(BaseModel):
+    """Speculative-decoding acceptance over one load level (definitions: docs/metrics.md#spec-decode)."""
+
+    drafted_tokens: float | None = None
+    accepted_tokens: float | None = None
+    drafts: float | None = None  # verification steps
+    acceptance_rate: float | None = None  # accepted / drafted
+    mean_accepted_length: float | None = None  # tokens emitted per verification step: 1 + accepted / drafts
+    source: str  # e.g. "llamacpp:spec_decode_* counters (/metrics)"
+
+
+class ServerEvidence(BaseModel):
+    """What the server's own Prometheus metrics said about one load level."""
+
+    counters: dict[str, float] = Field(default_factory=dict)  # meaning -> increase over the level
+    gauges: dict[str, dict[str, float]] = Field(default_factory=dict)  # meaning -> {mean, max, last} during it
+    server_ttft_mean_ms: float | None = None  # from the server's TTFT histogram (sum/count increase)
+    client_ttft_mean_ms: float | None = None  # the same requests as the client measured them
+    spec_decode: SpecDecode | None = None
+    samples: int = 0  # scrapes taken during the level
+    notes: list[str] = Field(default_factory=list)
+
+
 class Summary(BaseModel):
     """The figures for one load level."""
 
@@ -155,6 +178,7 @@ class Summary(BaseModel):
     window_s: float  # the measurement window aggregate rates are computed over
     figures: dict[str, Figure] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
+    server: ServerEvidence | None = None  # the server's own metrics, when it exposes /metrics
 
 
 class BenchResult(BaseModel):
@@ -276,3 +300,47 @@ class RunSummary(BaseModel):
     single: BenchResult | None = None
     sweep: BenchResult | None = None
     headline: dict[str, Figure] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Liveness evidence (issue 4): what a starting engine's process tree, log and port were doing, sampled ~1/s
+# --------------------------------------------------------------------------------------------------------------
+
+
+class EvidenceSample(BaseModel):
+    """One look at a starting engine. Counters are cumulative over the process tree; None when unreadable."""
+
+    t_s: float  # seconds since launch (or since `doctor` began watching)
+    phase: str | None = None
+    progress: float | None = None  # 0..1 from the log (tqdm n/total), when the current phase has one
+    log_bytes: int | None = None
+    log_lines: int = 0  # lines that can mean progress (heartbeats and our own probes' access lines excluded)
+    cpu_s: float | None = None  # user + system CPU time of the tree
+    read_bytes: int | None = None  # /proc/<pid>/io read_bytes: what came from storage
+    read_chars: int | None = None  # /proc/<pid>/io rchar: every read() syscall, page cache hits included
+    rss_bytes: int | None = None
+    threads: int | None = None
+    thread_states: dict[str, int] = Field(default_factory=dict)  # R, S, D, ... from /proc/<pid>/task/*/stat
+    threads_in_futex: int | None = None  # threads whose wchan is a futex wait (idle pools, loaders waiting on I/O)
+    processes: int | None = None  # live processes in the tree
+    processes_exited: int = 0  # tree members seen earlier that are gone now
+    port: Literal["open", "closed"] | None = None
+    probe: str | None = None  # the adapter's reading of the readiness probe
+    gpu_memory_bytes: int | None = None  # used by the tree's processes (NVML), when a GPU is visible
+    gpu_util_percent: float | None = None  # busiest visible GPU
+
+
+class Diagnosis(BaseModel):
+    """`servelab doctor`: one verdict about a server servelab did not start, with what it rests on."""
+
+    schema_version: int = SCHEMA_VERSION
+    engine: str | None = None
+    pid: int | None = None
+    log_path: str | None = None
+    url: str | None = None
+    verdict: Verdict
+    phases: list[Phase] = Field(default_factory=list)
+    samples: list[EvidenceSample] = Field(default_factory=list)
+    lint: list[LintFinding] = Field(default_factory=list)
+    stacks: str | None = None  # py-spy dump output, with --stacks
+    notes: list[str] = Field(default_factory=list)

@@ -29,6 +29,15 @@ class EngineSpec(BaseModel):
     ctx_size: int | None = None
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    # The interpreter (Python engines) or binary (llama-server, TGI) to run; None: this Python, or the binary on
+    # PATH. Lets an engine live in a venv of its own (torch engines must never enter servelab's).
+    executable: str | None = None
+    # Engine-specific settings that are not flags of the engine itself, e.g. the `command` engine's url and probe
+    # path, or the replay engine's speed and variant. Values are strings, as typed on a command line.
+    options: dict[str, str] = Field(default_factory=dict)
+    # Seconds without any evidence of progress after which start-up is declared stalled, whatever the phase.
+    # None: the adapter's per-phase budgets.
+    stall_budget_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -55,19 +64,46 @@ class Launch:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# Per-phase stall budgets (seconds without any evidence of progress). Generous on purpose: a false "stalled" that
+# stops a healthy 20-minute load costs more than a real hang noticed a few minutes late. Engines' own bounded waits
+# show what their authors consider normal (shared/research/engines.md §0.6): SGLang warm-up 600 s, vLLM engine
+# start 600 s, SGLang watchdog 300 s.
+DEFAULT_PHASE_BUDGET_S = 300.0
+STARTING_BUDGET_S = 180.0  # interpreter start and imports before the first recognised line (torch imports are slow)
+# Weight loading is I/O-bound: budget = checkpoint bytes / a conservative 0.5 GB/s, never less than this.
+WEIGHT_LOAD_BYTES_PER_S = 0.5e9
+WEIGHT_LOAD_MIN_BUDGET_S = 120.0
+# After the log says "ready" the port must answer soon; a server that never binds is stuck, not slow.
+AFTER_READY_LINE_BUDGET_S = 60.0
+
+
 class EngineAdapter:
     """Base class: subclasses fill in the class attributes and override what differs."""
 
     name: ClassVar[str]
     title: ClassVar[str]
+    # How to install the engine, for the error when it is missing.
+    install_hint: ClassVar[str] = ""
     # Ordered phase patterns, matched against every log line (split on \n and \r).
     phases: ClassVar[list[PhasePattern]] = []
+    # Phases that read weights: their stall budget scales with the model's size.
+    weight_phases: ClassVar[frozenset[str]] = frozenset()
+    # Fixed stall budgets (seconds) for other phases, where they differ from DEFAULT_PHASE_BUDGET_S.
+    phase_budgets_s: ClassVar[dict[str, float]] = {}
     # The line that means "ready" when the engine prints one.
     ready_line: ClassVar[re.Pattern[str] | None] = None
+    # Lines that repeat on a timer whatever the engine is doing (TGI's "Waiting for shard to be ready" every 10 s,
+    # HTTP access lines of our own probes): they prove the process is alive, not that start-up advances.
+    heartbeat_lines: ClassVar[re.Pattern[str] | None] = None
+    # Lines in which the engine explains its own failure (a rank that died, a load error): quoted in a verdict.
+    failure_lines: ClassVar[re.Pattern[str] | None] = None
+    # Substrings of a process command line that identify this engine (for `doctor --pid`).
+    cmdline_markers: ClassVar[tuple[str, ...]] = ()
     # The readiness probe path (GET); its meaning during start-up is `probe_state`.
     probe_path: ClassVar[str] = "/health"
-    # Extra request fields that make the server report a running token count on every chunk. Empty when the
-    # engine would reject unknown fields (transformers serve answers 422).
+    # Extra request fields that make the server report a running token count on every chunk, merged into the
+    # request body by the bench client. Empty when the engine would reject unknown fields (transformers serve
+    # answers 422).
     stream_extras: ClassVar[dict[str, Any]] = {}
     # Whether requests may carry `ignore_eos` (fixed output length). Engines that reject unknown fields must say no.
     accepts_ignore_eos: ClassVar[bool] = False
@@ -75,12 +111,23 @@ class EngineAdapter:
     fingerprint_path: ClassVar[str | None] = None
     # Prometheus metric names by meaning (ttft, itl, running, waiting, kv_usage, spec_drafted, spec_accepted, ...).
     metric_names: ClassVar[dict[str, str]] = {}
-    # Where an engine that is running can be asked what it was started with.
+    # Where an engine that is running can be asked what it was started with (the first that answers JSON wins).
     config_paths: ClassVar[list[str]] = []
 
-    def launch(self, spec: EngineSpec, port: int) -> Launch:  # pragma: no cover - abstract
+    # ---- launching ----
+    def launch(self, spec: EngineSpec, port: int) -> Launch:
+        """Check that the engine is installed (UserError saying how to install it if not), then build the launch."""
+        self.require(spec)
+        return self.build(spec, port)
+
+    def require(self, spec: EngineSpec) -> None:
+        """Raise UserError when the engine cannot be run as `spec` asks. Default: nothing to check."""
+
+    def build(self, spec: EngineSpec, port: int) -> Launch:  # pragma: no cover - abstract
+        """The exact command line, environment and URL for `spec` on `port`. Pure: checks nothing on the host."""
         raise NotImplementedError
 
+    # ---- start-up ----
     def probe_state(self, status: int | None, body: str) -> ProbeState:
         """Meaning of one answer of the readiness probe. `status` is None when the connection was refused."""
         if status is None:
@@ -91,12 +138,30 @@ class EngineAdapter:
             return "loading"
         return "unknown"
 
+    def phase_budget_s(self, phase: str, model_bytes: int | None) -> float:
+        """Seconds a phase may go without any evidence of progress before start-up counts as stalled."""
+        if phase in self.weight_phases:
+            by_size = (model_bytes or 0) / WEIGHT_LOAD_BYTES_PER_S
+            return max(WEIGHT_LOAD_MIN_BUDGET_S, by_size)
+        if phase == "starting":
+            return self.phase_budgets_s.get(phase, STARTING_BUDGET_S)
+        return self.phase_budgets_s.get(phase, DEFAULT_PHASE_BUDGET_S)
+
+    def after_ready_line_budget_s(self) -> float:
+        return AFTER_READY_LINE_BUDGET_S
+
+    # ---- recognising and reading back ----
     def fingerprint(self, body: Any) -> bool:
         return False
 
     def lint(self, spec: EngineSpec, command: list[str], runtime_config: dict[str, Any] | None = None
              ) -> list[LintFinding]:
+        """Findings from the command line and, when the engine exposes it, its runtime config."""
         return []
+
+    def lint_log_line(self, line: str) -> LintFinding | None:
+        """A finding from one log line the engine wrote (e.g. SGLang's decode line `cuda graph: False`)."""
+        return None
 
     def version(self) -> str | None:
         return None

@@ -1,4 +1,5 @@
-"""Engine lifecycle: supervise the process, follow its start-up phases, decide when it is ready."""
+"""Engine lifecycle: supervise the process, follow its start-up phases and liveness evidence, decide when it is
+ready, stalled or dead."""
 
 from servelab.lifecycle.launch import LaunchStatus, RunningEngine, start_engine
 from servelab.lifecycle.phases import LogTailer, PhaseTracker

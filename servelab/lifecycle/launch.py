@@ -1,38 +1,39 @@
-"""Bring an engine up: check the port, start it supervised, follow its log and its readiness probe until ready.
+"""Bring an engine up: check the port, start it supervised, follow its log, its readiness probe and the evidence
+that it is alive, until it is ready, dies, stalls or runs out of time.
 
 Ready means the probe says so (`adapter.probe_state` of GET `probe_path`) while the process is alive: a log line
 alone is never trusted (a server can print "listening" and still answer 503, or the line can come from a
-different process). The log gives the phases in between and the evidence when start-up fails.
+different process). The log gives the phases in between; evidence samples (lifecycle/evidence.py) taken about
+once a second tell a slow phase from a hung one (lifecycle/diagnose.py).
 """
 
 from __future__ import annotations
 
-import errno
-import http.client
-import json
-import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from servelab.engines import get_engine
 from servelab.engines.base import EngineAdapter, EngineSpec, Launch
 from servelab.errors import EngineFailed, UserError
+from servelab.lifecycle.diagnose import OOM_HINT, StartupJudge, crashed_verdict
+from servelab.lifecycle.evidence import EvidenceSampler, LogCounters
 from servelab.lifecycle.phases import LogTailer, PhaseTracker
+from servelab.lifecycle.ports import ensure_port_free, free_port, port_in_use
+from servelab.lifecycle.probe import POLL_S, PROBE_TIMEOUT_S, Prober, ProbeReading, http_get
+from servelab.lifecycle.running import LOG_TAIL_LINES, RunningEngine, launch_provenance
 from servelab.lifecycle.supervisor import SupervisedProcess, start_process
-from servelab.provenance import build_provenance, relevant_env, utc_now_iso
-from servelab.records import LaunchResult, LintFinding, Phase, Provenance, Verdict
+from servelab.provenance import utc_now_iso
+from servelab.records import LaunchResult, Verdict
 
-POLL_S = 0.05  # log and probe cadence: ready is seen within ~2 polls of the server answering 200
+__all__ = ["LaunchStatus", "RunningEngine", "STALL_ACTIONS", "ensure_port_free", "free_port", "http_get",
+           "port_in_use", "start_engine", "OOM_HINT", "PROBE_TIMEOUT_S", "launch_provenance"]
+
 UPDATE_EVERY_S = 0.5  # on_update is called at least this often, even when nothing changed
-PROBE_TIMEOUT_S = 2.0  # a probe that takes longer reads "unknown" (port accepted, nobody answers)
-LOG_TAIL_LINES = 20
-OOM_HINT = ("SIGKILL during start-up is most often the OS OOM killer: check `dmesg` or `journalctl -k` for "
-            "'Out of memory', and try a smaller model, context or --parallel")
+SAMPLE_EVERY_S = 1.0  # evidence cadence: cheap (a /proc walk), and a stall budget is tens of seconds at least
+STALL_ACTIONS = ("stop", "wait")
 
 
 @dataclass(frozen=True)
@@ -47,214 +48,27 @@ class LaunchStatus:
     last_line: str | None
     probe: str  # the adapter's reading of the last probe answer: down, loading, ready, unknown
     pid: int
+    verdict: Verdict | None = None  # the latest judgement from the evidence (None before the first sample)
 
     def key(self) -> tuple[Any, ...]:
         """Everything but the clocks: a change here is worth an update."""
-        return self.phase, self.progress, self.detail, self.last_line, self.probe
+        return (self.phase, self.progress, self.detail, self.last_line, self.probe,
+                self.verdict.state if self.verdict else None)
 
-
-# --------------------------------------------------------------------------------------------------------------
-# Ports
-# --------------------------------------------------------------------------------------------------------------
-
-def _address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[Any, ...]]:
-    try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                       flags=socket.AI_PASSIVE)[0]
-    except socket.gaierror as exc:
-        raise UserError(f"cannot resolve host '{host}': {exc.strerror}") from None
-    return family, sockaddr
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """True when an engine could not listen on host:port because something else holds it."""
-    family, sockaddr = _address(host, port)
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        # Servers set SO_REUSEADDR, so a connection left in TIME_WAIT does not block them and should not block us.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(sockaddr)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return True
-            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}",
-                            hint="use a local address with --host and a free port with --port") from None
-    return False
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    family, sockaddr = _address(host, 0)
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind(sockaddr)
-        return int(sock.getsockname()[1])
-
-
-def ensure_port_free(host: str, port: int) -> None:
-    if port_in_use(host, port):
-        raise UserError(f"port {port} on {host} is already in use",
-                        hint=f"stop what listens there, or choose another port with --port (e.g. --port "
-                             f"{free_port(host)})")
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The readiness probe
-# --------------------------------------------------------------------------------------------------------------
-
-def http_get(url: str, path: str, timeout_s: float, max_bytes: int | None = None) -> tuple[int, bytes]:
-    """One GET. http.client rather than urllib: urllib honours HTTP_PROXY, and a proxy must never see loopback
-    probes. Raises OSError (refused, reset, timeout) or http.client.HTTPException."""
-    parts = urlsplit(url)
-    connection_type = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = connection_type(parts.hostname or "127.0.0.1", parts.port, timeout=timeout_s)
-    try:
-        conn.request("GET", path, headers={"Connection": "close"})
-        response = conn.getresponse()
-        body = response.read() if max_bytes is None else response.read(max_bytes)
-        return response.status, body
-    finally:
-        conn.close()
-
-
-@dataclass(frozen=True)
-class ProbeReading:
-    state: str
-    http_status: int | None
-    at_s: float  # seconds since launch when the answer (or the refusal) came
-
-
-class Prober:
-    """Probes in a thread of its own, so a server that accepts and never answers cannot stall the start-up loop."""
-
-    def __init__(self, url: str, path: str, adapter: EngineAdapter, clock: Callable[[], float],
-                 interval_s: float = POLL_S, timeout_s: float = PROBE_TIMEOUT_S):
-        self._url, self._path, self._adapter, self._clock = url, path, adapter, clock
-        self._interval_s, self._timeout_s = interval_s, timeout_s
-        self.latest: ProbeReading | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="servelab-probe", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=self._timeout_s + 1)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            began = time.monotonic()
-            self.latest = self.probe_once()
-            self._stop.wait(max(0.0, self._interval_s - (time.monotonic() - began)))
-
-    def probe_once(self) -> ProbeReading:
-        try:
-            status, body = http_get(self._url, self._path, self._timeout_s, max_bytes=4096)
-        except TimeoutError:
-            return ProbeReading("unknown", None, self._clock())
-        except (OSError, http.client.HTTPException):  # refused, reset, closed early: nobody is serving yet
-            return ProbeReading(self._adapter.probe_state(None, ""), None, self._clock())
-        state = self._adapter.probe_state(status, body.decode("utf-8", errors="replace"))
-        return ProbeReading(state, status, self._clock())
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The running engine
-# --------------------------------------------------------------------------------------------------------------
-
-class RunningEngine:
-    """An engine that answered its readiness probe. A context manager: leaving the block stops it."""
-
-    def __init__(self, *, spec: EngineSpec, adapter: EngineAdapter, launch: Launch, process: SupervisedProcess,
-                 tracker: PhaseTracker, started_at: str, ready_s: float, ready_probe: ProbeReading):
-        self.spec = spec
-        self.adapter = adapter
-        self.launch = launch
-        self.process = process
-        self.url = launch.url
-        self.served_model = launch.served_model
-        self.log_path = process.log_path
-        self.pid = process.pid
-        self.ready_s = ready_s
-        self.started_at = started_at
-        self._tracker = tracker
-        self._ready_probe = ready_probe
-        self._stopped = False
-        self._runtime_config: dict[str, Any] | None = None
-
-    @property
-    def phases(self) -> list[Phase]:
-        return self._tracker.phases
-
-    @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def runtime_config(self) -> dict[str, Any] | None:
-        """What the running server says it was started with (JSON of the adapter's first config path)."""
-        if self._runtime_config is None and self.alive and self.adapter.config_paths:
-            try:
-                status, body = http_get(self.url, self.adapter.config_paths[0], PROBE_TIMEOUT_S)
-                parsed = json.loads(body) if status == 200 else None
-                self._runtime_config = parsed if isinstance(parsed, dict) else None
-            except (OSError, http.client.HTTPException, ValueError):
-                pass
-        return self._runtime_config
-
-    def lint(self) -> list[LintFinding]:
-        return self.adapter.lint(self.spec, self.launch.command, self.runtime_config())
-
-    def result(self) -> LaunchResult:
-        evidence: dict[str, Any] = {
-            "probe": f"GET {self.adapter.probe_path}", "probe_status": self._ready_probe.http_status,
-            "ready_line_s": self._tracker.ready_line_s, "port_answered_s": self._tracker.port_answered_s,
-            "pid": self.pid,
-        }
-        if self.alive or self._stopped:
-            verdict = Verdict(state="ready", reason=f"{self.adapter.probe_path} answered "
-                                                    f"{self._ready_probe.http_status} after {self.ready_s:.2f} s",
-                              evidence={**evidence, "stopped_by_servelab": self._stopped})
-        else:
-            verdict = Verdict(state="crashed",
-                              reason=f"the engine died after start-up ({self.process.describe_exit()})",
-                              evidence={**evidence, "exit_code": self.process.returncode,
-                                        "log_tail": self.process.log_tail(LOG_TAIL_LINES)})
-        return LaunchResult(engine=self.adapter.name, url=self.url, ready_s=self.ready_s, phases=self.phases,
-                            verdict=verdict, log_path=str(self.log_path), lint=self.lint())
-
-    def provenance(self) -> Provenance:
-        return _provenance(self.spec, self.adapter, self.launch, self.started_at)
-
-    def stop(self, grace_s: float = 10.0) -> int | None:
-        self._stopped = True
-        return self.process.stop(grace_s)
-
-    def __enter__(self) -> RunningEngine:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-
-def _provenance(spec: EngineSpec, adapter: EngineAdapter, launch: Launch, started_at: str) -> Provenance:
-    return build_provenance(
-        engine=adapter.name, engine_version=adapter.version(), command=launch.command,
-        env=relevant_env(launch.env), model=spec.model, model_path=launch.model_path,
-        model_size_bytes=launch.extra.get("model_size_bytes"), model_format=launch.extra.get("model_format"),
-        started_at=started_at)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Start-up
-# --------------------------------------------------------------------------------------------------------------
 
 def start_engine(spec: EngineSpec, log_dir: Path, on_update: Callable[[LaunchStatus], None] | None = None,
-                 ready_timeout_s: float = 600.0, stop_grace_s: float = 10.0) -> RunningEngine:
+                 ready_timeout_s: float = 600.0, stop_grace_s: float = 10.0, stall_action: str = "stop",
+                 sample_every_s: float = SAMPLE_EVERY_S) -> RunningEngine:
     """Start the engine `spec` describes and return once its probe says ready.
 
-    Raises UserError before anything starts (unknown engine, port in use, missing model), EngineFailed when the
-    process dies or is not ready within `ready_timeout_s`. On any failure or interruption (Ctrl-C, an exception
-    from `on_update`) the whole process group is stopped before the exception propagates.
+    Raises UserError before anything starts (unknown engine, engine not installed, port in use, missing model),
+    EngineFailed when the process dies, stalls (no evidence of progress for its phase's budget; with
+    stall_action="wait" a stall is only reported) or is not ready within `ready_timeout_s`. On any failure or
+    interruption (Ctrl-C, an exception from `on_update`) the whole process group is stopped before the exception
+    propagates.
     """
+    if stall_action not in STALL_ACTIONS:
+        raise UserError(f"unknown stall action '{stall_action}'", hint="use stop or wait")
     adapter = get_engine(spec.engine)
     port = spec.port or free_port(spec.host)
     ensure_port_free(spec.host, port)
@@ -264,102 +78,173 @@ def start_engine(spec: EngineSpec, log_dir: Path, on_update: Callable[[LaunchSta
     started_at = utc_now_iso()
     t0 = time.monotonic()
     process = start_process(launch.command, log_path, env=launch.env)
+    watch = _StartupWatch(adapter, launch, process, tracker, lambda: time.monotonic() - t0, on_update,
+                          ready_timeout_s, spec.stall_budget_s, stall_action, sample_every_s)
     try:
-        ready_s, probe = _watch_startup(adapter, launch, process, tracker, lambda: time.monotonic() - t0,
-                                        on_update, ready_timeout_s)
+        ready_s, probe = watch.run()
     except BaseException:
         process.stop(stop_grace_s)
         raise
-    return RunningEngine(spec=spec, adapter=adapter, launch=launch, process=process, tracker=tracker,
-                         started_at=started_at, ready_s=ready_s, ready_probe=probe)
-
-
-def _watch_startup(adapter: EngineAdapter, launch: Launch, process: SupervisedProcess, tracker: PhaseTracker,
-                   clock: Callable[[], float], on_update: Callable[[LaunchStatus], None] | None,
-                   ready_timeout_s: float) -> tuple[float, ProbeReading]:
-    tailer = LogTailer(process.log_path, start_offset=process.log_offset)
-    prober = Prober(launch.url, adapter.probe_path, adapter, clock)
-    prober.start()
-    last_key: tuple[Any, ...] | None = None
-    last_update_s = float("-inf")
-    try:
-        while True:
-            now = clock()
-            for line in tailer.read_lines():
-                tracker.feed(line, now)
-            reading = prober.latest
-            if reading is not None:
-                tracker.observe_probe(reading.state, reading.at_s)
-            exited = process.poll() is not None
-            if reading is not None and reading.state == "ready" and not exited:
-                # The answer came at reading.at_s; a log line read later must not make the timeline go backwards.
-                ready_s = max(reading.at_s, tracker.current.start_s)
-                tracker.mark_ready(ready_s)
-                if on_update is not None:
-                    on_update(_status(tracker, clock(), "ready", process.pid))
-                return ready_s, reading
-            if exited:
-                for line in tailer.read_lines() + tailer.flush():
-                    tracker.feed(line, now)
-                tracker.close(now)
-                raise _died(adapter, launch, process, tracker, now)
-            if now >= ready_timeout_s:
-                tracker.close(now)
-                raise _timed_out(adapter, launch, process, tracker, now, ready_timeout_s)
-            status = _status(tracker, now, reading.state if reading else "down", process.pid)
-            if on_update is not None and (status.key() != last_key or now - last_update_s >= UPDATE_EVERY_S):
-                on_update(status)
-                last_key, last_update_s = status.key(), now
-            time.sleep(max(0.0, POLL_S - (clock() - now)))
     finally:
-        prober.stop()
-        tailer.close()
+        watch.sampler.close()
+    return RunningEngine(spec=spec, adapter=adapter, launch=launch, process=process, tracker=tracker,
+                         started_at=started_at, ready_s=ready_s, ready_probe=probe, evidence=watch.sampler.samples,
+                         verdicts=watch.verdicts)
 
 
-def _status(tracker: PhaseTracker, now: float, probe: str, pid: int) -> LaunchStatus:
-    phase = tracker.current
-    return LaunchStatus(elapsed_s=now, phase=phase.name, phase_elapsed_s=max(0.0, now - phase.start_s),
-                        progress=phase.progress, detail=phase.detail, last_line=tracker.last_line, probe=probe,
-                        pid=pid)
+class _StartupWatch:
+    """The start-up loop: log, probe, evidence, verdict, every POLL_S."""
 
+    def __init__(self, adapter: EngineAdapter, launch: Launch, process: SupervisedProcess, tracker: PhaseTracker,
+                 clock: Callable[[], float], on_update: Callable[[LaunchStatus], None] | None,
+                 ready_timeout_s: float, stall_budget_s: float | None, stall_action: str, sample_every_s: float):
+        self.adapter, self.launch, self.process, self.tracker = adapter, launch, process, tracker
+        self.clock, self.on_update, self.ready_timeout_s = clock, on_update, ready_timeout_s
+        self.stall_action, self.sample_every_s = stall_action, sample_every_s
+        self.sampler = EvidenceSampler(process.pid, process.log_path)
+        self.judge = StartupJudge(adapter, launch.extra.get("model_size_bytes"), stall_budget_s)
+        self.counters = LogCounters()
+        self.verdict: Verdict | None = None
+        self.verdicts: list[Verdict] = []  # one per change of state, for the record
 
-def _died(adapter: EngineAdapter, launch: Launch, process: SupervisedProcess, tracker: PhaseTracker,
-          now: float) -> EngineFailed:
-    tail = process.log_tail(LOG_TAIL_LINES)
-    how = process.describe_exit()
-    message = (f"{adapter.title} {how} during start-up after {now:.1f} s (phase '{tracker.current.name}')"
-               + ("; last log lines:\n  " + "\n  ".join(tail) if tail else "; it wrote nothing to its log"))
-    hint = OOM_HINT if process.exit_signal == "SIGKILL" else f"full log: {process.log_path}"
-    failure = EngineFailed(message, hint, exit_code=process.returncode, log_tail=tail)
-    verdict = Verdict(state="crashed", reason=f"{how} during start-up",
-                      evidence={"exit_code": process.returncode, "exit_signal": process.exit_signal,
-                                "phase": tracker.current.name, "log_tail": tail})
-    _attach_result(failure, adapter, launch, process, tracker, verdict)
-    return failure
+    def run(self) -> tuple[float, ProbeReading]:
+        tailer = LogTailer(self.process.log_path, start_offset=self.process.log_offset)
+        prober = Prober(self.launch.url, self.adapter.probe_path, self.adapter, self.clock)
+        prober.start()
+        last_key: tuple[Any, ...] | None = None
+        last_update_s = float("-inf")
+        last_sample_s = float("-inf")
+        try:
+            while True:
+                now = self.clock()
+                self._feed(tailer.read_lines(), now)
+                self.tracker.feed_partial(tailer.pending(), now)
+                reading = prober.latest
+                if reading is not None:
+                    self.tracker.observe_probe(reading.state, reading.at_s)
+                exited = self.process.poll() is not None
+                if reading is not None and reading.state == "ready" and not exited:
+                    # The answer came at reading.at_s; a line read later must not make the timeline go backwards.
+                    ready_s = max(reading.at_s, self.tracker.current.start_s)
+                    self.tracker.mark_ready(ready_s)
+                    self._set_verdict(Verdict(state="ready", reason=f"{self.adapter.probe_path} answered "
+                                                                    f"{reading.http_status}",
+                                              evidence={"probe_status": reading.http_status}))
+                    if self.on_update is not None:
+                        self.on_update(self._status(self.clock(), "ready"))
+                    return ready_s, reading
+                if exited:
+                    self._feed(tailer.read_lines() + tailer.flush(), now)
+                    self.tracker.close(now)
+                    raise self._died(now)
+                if now >= self.ready_timeout_s:
+                    self.tracker.close(now)
+                    raise self._timed_out(now)
+                probe_state = reading.state if reading else "down"
+                if now - last_sample_s >= self.sample_every_s:
+                    last_sample_s = now
+                    self._sample(now, probe_state)
+                    if self.verdict is not None and self.verdict.state == "stalled" and self.stall_action == "stop":
+                        self.tracker.close(now)
+                        raise self._stalled(now)
+                status = self._status(now, probe_state)
+                if self.on_update is not None and (status.key() != last_key or now - last_update_s >= UPDATE_EVERY_S):
+                    self.on_update(status)
+                    last_key, last_update_s = status.key(), now
+                time.sleep(max(0.0, POLL_S - (self.clock() - now)))
+        finally:
+            prober.stop()
+            tailer.close()
 
+    # ---- evidence ----
+    def _feed(self, lines: list[str], now: float) -> None:
+        heartbeat = self.adapter.heartbeat_lines
+        for line in lines:
+            self.tracker.feed(line, now)
+            if heartbeat is None or not heartbeat.search(line):
+                self.counters.lines += 1
 
-def _timed_out(adapter: EngineAdapter, launch: Launch, process: SupervisedProcess, tracker: PhaseTracker,
-               now: float, timeout_s: float) -> EngineFailed:
-    tail = process.log_tail(LOG_TAIL_LINES)
-    phase = tracker.current
-    silent_s = now - tracker.last_line_s if tracker.last_line_s is not None else now
-    message = (f"{adapter.title} was not ready after {timeout_s:.0f} s: phase '{phase.name}' for "
-               f"{now - phase.start_s:.0f} s, log silent for {silent_s:.0f} s, probe {tracker.probe_state or 'down'}"
-               + ("; last log lines:\n  " + "\n  ".join(tail) if tail else ""))
-    # A log that keeps moving means slow (give it more time); a silent one in the same phase suggests a hang.
-    hint = ("the log was still moving: a larger --ready-timeout may be all it needs" if silent_s < 30
-            else f"the log stopped moving: it may be hung; full log: {process.log_path}")
-    failure = EngineFailed(message, hint, exit_code=None, log_tail=tail)
-    verdict = Verdict(state="stalled", reason=f"not ready after {timeout_s:.0f} s",
-                      evidence={"phase": phase.name, "log_silent_s": round(silent_s, 1),
-                                "probe": tracker.probe_state, "log_tail": tail})
-    _attach_result(failure, adapter, launch, process, tracker, verdict)
-    return failure
+    def _sample(self, now: float, probe: str) -> None:
+        current = self.tracker.current
+        self.counters.phase, self.counters.progress = current.name, current.progress
+        sample = self.sampler.sample(now, self.counters, probe)
+        sample.port = "closed" if probe == "down" else "open"  # the prober's connects say it without another one
+        self.judge.observe(sample)
+        self._set_verdict(self.judge.verdict(now, phase=current.name, phase_start_s=current.start_s,
+                                             progress=current.progress, probe=probe,
+                                             ready_line_s=self.tracker.ready_line_s,
+                                             last_line=self.tracker.last_line))
 
+    def _set_verdict(self, verdict: Verdict) -> None:
+        if self.verdict is None or self.verdict.state != verdict.state:
+            self.verdicts.append(verdict)
+        self.verdict = verdict
 
-def _attach_result(failure: EngineFailed, adapter: EngineAdapter, launch: Launch, process: SupervisedProcess,
-                   tracker: PhaseTracker, verdict: Verdict) -> None:
-    """The failed launch as a record, for a run directory's summary."""
-    failure.launch_result = LaunchResult(
-        engine=adapter.name, url=launch.url, ready_s=None, phases=tracker.phases, verdict=verdict,
-        log_path=str(process.log_path))
+    def _status(self, now: float, probe: str) -> LaunchStatus:
+        phase = self.tracker.current
+        return LaunchStatus(elapsed_s=now, phase=phase.name, phase_elapsed_s=max(0.0, now - phase.start_s),
+                            progress=phase.progress, detail=phase.detail, last_line=self.tracker.last_line,
+                            probe=probe, pid=self.process.pid, verdict=self.verdict)
+
+    # ---- failures ----
+    def _failure_line(self, tail: list[str]) -> str | None:
+        pattern = self.adapter.failure_lines
+        if pattern is None:
+            return None
+        matches = [line for line in tail if pattern.search(line)]
+        return matches[-1] if matches else None
+
+    def _died(self, now: float) -> EngineFailed:
+        process, tracker = self.process, self.tracker
+        tail = process.log_tail(LOG_TAIL_LINES)
+        how = process.describe_exit()
+        message = (f"{self.adapter.title} {how} during start-up after {now:.1f} s (phase '{tracker.current.name}')"
+                   + ("; last log lines:\n  " + "\n  ".join(tail) if tail else "; it wrote nothing to its log"))
+        hint = OOM_HINT if process.exit_signal == "SIGKILL" else f"full log: {process.log_path}"
+        failure = EngineFailed(message, hint, exit_code=process.returncode, log_tail=tail)
+        verdict = crashed_verdict(process.returncode, tracker.current.name, tail, self._failure_line(tail))
+        self._set_verdict(verdict)
+        self._attach_result(failure, verdict)
+        return failure
+
+    def _stalled(self, now: float) -> EngineFailed:
+        assert self.verdict is not None
+        tail = self.process.log_tail(LOG_TAIL_LINES)
+        verdict = self.verdict.model_copy(deep=True)
+        verdict.evidence["log_tail"] = tail
+        verdict.evidence["stopped_by_servelab"] = True
+        message = (f"{self.adapter.title} stalled after {now:.1f} s and was stopped: {verdict.reason}"
+                   + ("; last log lines:\n  " + "\n  ".join(tail[-8:]) if tail else ""))
+        hint = (f"if it is only slow, allow more with --stall-budget SECONDS or keep waiting with --stall-action "
+                f"wait; `servelab doctor --pid PID --stacks` shows where a live one is stuck; full log: "
+                f"{self.process.log_path}")
+        failure = EngineFailed(message, hint, exit_code=None, log_tail=tail)
+        self._attach_result(failure, verdict)
+        return failure
+
+    def _timed_out(self, now: float) -> EngineFailed:
+        process, tracker = self.process, self.tracker
+        tail = process.log_tail(LOG_TAIL_LINES)
+        phase = tracker.current
+        silent_s = now - tracker.last_line_s if tracker.last_line_s is not None else now
+        message = (f"{self.adapter.title} was not ready after {self.ready_timeout_s:.0f} s: phase '{phase.name}' "
+                   f"for {now - phase.start_s:.0f} s, log silent for {silent_s:.0f} s, probe "
+                   f"{tracker.probe_state or 'down'}" + ("; last log lines:\n  " + "\n  ".join(tail) if tail else ""))
+        moving = self.verdict is not None and self.verdict.state == "loading"
+        # Evidence that still moves means slow (give it more time); none means it may be hung.
+        hint = ("it was still making progress: a larger --ready-timeout may be all it needs" if moving
+                else f"nothing was moving: it may be hung; full log: {process.log_path}")
+        evidence: dict[str, Any] = dict(self.verdict.evidence) if self.verdict else {}
+        evidence.update({"phase": phase.name, "log_silent_s": round(silent_s, 1), "probe": tracker.probe_state,
+                         "log_tail": tail, "last_verdict": self.verdict.state if self.verdict else None})
+        verdict = Verdict(state="stalled", reason=f"not ready after {self.ready_timeout_s:.0f} s", evidence=evidence)
+        failure = EngineFailed(message, hint, exit_code=None, log_tail=tail)
+        self._attach_result(failure, verdict)
+        return failure
+
+    def _attach_result(self, failure: EngineFailed, verdict: Verdict) -> None:
+        """The failed launch as a record, for a run directory's summary."""
+        failure.launch_result = LaunchResult(
+            engine=self.adapter.name, url=self.launch.url, ready_s=None, phases=self.tracker.phases,
+            verdict=verdict, log_path=str(self.process.log_path),
+            lint=self.adapter.lint(EngineSpec(engine=self.adapter.name, model="-"), self.launch.command, None))

@@ -60,6 +60,11 @@ class LogTailer:
         rest, self._partial = self._partial, b""
         return decode_lines([rest])
 
+    def pending(self) -> str:
+        """The unterminated last piece, without consuming it. tqdm writes `\r` + bar and ends that line only with
+        the next update's `\r`, so for a slow bar (one shard a minute) the newest count is always here."""
+        return self._partial.decode("utf-8", errors="replace").strip()
+
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
@@ -150,6 +155,20 @@ class PhaseTracker:
         if self.ready:
             return False
         for pattern in self._patterns:
+            match = pattern.regex.search(line)
+            if match:
+                return self._apply(pattern, match, t_s)
+        return False
+
+    def feed_partial(self, line: str, t_s: float) -> bool:
+        """Take the unterminated piece at the end of the log for progress only: a bar's count can be read before
+        its line ends (the patterns require the `[elapsed<remaining` that follows a complete count, so a bar
+        cut mid-write is not misread). Starts no phase before its line is complete, except a progress phase."""
+        if self.ready or not line:
+            return False
+        for pattern in self._patterns:
+            if not pattern.progress:
+                continue
             match = pattern.regex.search(line)
             if match:
                 return self._apply(pattern, match, t_s)

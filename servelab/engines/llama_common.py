@@ -1,0 +1,112 @@
+"""What llama.cpp's server is, however it is launched: the native `llama-server` binary and our `xllamacpp`
+launcher run the same C++ server code (tools/server), so they share log lines, probe semantics, /props, lint
+rules and metric names. Source: shared/research/engines.md §3 (llama.cpp commit 0c1e570).
+
+    srv    load_model: loading model '/m/SmolLM2-135M-Instruct.Q4_1.gguf'
+    srv    load_model: initializing, n_slots = 8, n_ctx_slot = 1024, kv_unified = 'false'
+    srv  llama_server: model loaded            (xllamacpp: "srv          init: model loaded")
+    srv  llama_server: listening on http://127.0.0.1:8080
+Older builds (~b6153): `main: model loaded`, `main: server is listening on http://... - starting the main loop`.
+The HTTP port opens *before* the model loads and answers 503 {"error":{"message":"Loading model"}} until ready.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from servelab.engines.base import EngineAdapter, EngineSpec, PhasePattern
+from servelab.engines.common import flag_value, has_flag
+from servelab.records import LintFinding
+
+DEFAULT_PARALLEL = 8
+DEFAULT_THREADS = 2
+DEFAULT_CTX = 8192
+
+LLAMA_SERVER_PHASES = [
+    PhasePattern("initializing", re.compile(r"\binit(ializing)? ?\.\.\.|srv\s+\w+: initializing \.\.\.")),
+    PhasePattern("loading model", re.compile(r"load_model: loading model '(?P<detail>[^']*)'")),
+    PhasePattern("allocating slots", re.compile(r"load_model: initializing, n_slots = (?P<detail>\d+)")),
+    PhasePattern("model loaded", re.compile(r"(srv\s+\w+|main): model loaded")),
+]
+LLAMA_SERVER_READY = re.compile(r"(listening on|server is listening on) http://")
+LLAMA_SERVER_FAILURE = re.compile(r"exiting due to model loading error|failed to load model|failed to download "
+                                  r"model|couldn't bind HTTP server socket")
+# Shown only at -lv 4: fewer layers on the GPU than the model has, e.g. because --fit found VRAM occupied.
+_OFFLOADED = re.compile(r"load_tensors: offloaded (?P<n>\d+)/(?P<m>\d+) layers to GPU")
+
+LLAMA_SERVER_METRICS = {
+    "prompt_tokens": "llamacpp:prompt_tokens_total",
+    "generated_tokens": "llamacpp:tokens_predicted_total",
+    "prompt_tok_s": "llamacpp:prompt_tokens_seconds",
+    "generated_tok_s": "llamacpp:predicted_tokens_seconds",
+    "running": "llamacpp:requests_processing",
+    "waiting": "llamacpp:requests_deferred",
+    "cached_prompt_tokens": "llamacpp:prompt_tokens_cached_total",
+    "busy_slots_per_decode": "llamacpp:n_busy_slots_per_decode",
+    "spec_drafted": "llamacpp:spec_decode_num_draft_tokens_total",
+    "spec_accepted": "llamacpp:spec_decode_num_accepted_tokens_total",
+    "spec_drafts": "llamacpp:spec_decode_num_drafts_total",
+}
+
+
+def offload_finding(line: str) -> LintFinding | None:
+    """`load_tensors: offloaded N/M layers to GPU` with N < M: part of the model runs on the CPU."""
+    match = _OFFLOADED.search(line)
+    if match and int(match["n"]) < int(match["m"]):
+        return LintFinding(setting=f"gpu layers {match['n']}/{match['m']}", severity="serious",
+                           why="only part of the model is on the GPU: the rest decodes on the CPU")
+    return None
+
+
+class LlamaCppFamily(EngineAdapter):
+    """llama.cpp's server: the parts that do not depend on how the process is launched."""
+
+    phases = LLAMA_SERVER_PHASES
+    weight_phases = frozenset({"loading model"})
+    ready_line = LLAMA_SERVER_READY
+    failure_lines = LLAMA_SERVER_FAILURE
+    probe_path = "/health"
+    # `timings_per_token` makes every chunk carry `timings.predicted_n`, the server's running count of generated
+    # tokens: exact per-event token counts without a client tokenizer.
+    stream_extras = {"timings_per_token": True}
+    accepts_ignore_eos = True
+    fingerprint_path = "/props"
+    metric_names = LLAMA_SERVER_METRICS
+    config_paths = ["/props", "/v1/models", "/slots"]
+
+    def fingerprint(self, body: Any) -> bool:
+        # llama-server's /props: {"default_generation_settings": ..., "total_slots": N, "build_info": ...}
+        return isinstance(body, dict) and "default_generation_settings" in body and "total_slots" in body
+
+    def probe_state(self, status: int | None, body: str) -> str:
+        if status == 503 and "Loading model" in body:
+            return "loading"
+        return super().probe_state(status, body)
+
+    def lint(self, spec: EngineSpec, command: list[str], runtime_config: dict[str, Any] | None = None
+             ) -> list[LintFinding]:
+        findings: list[LintFinding] = []
+        slots = flag_value(command, "--parallel", "-np")
+        if runtime_config and isinstance(runtime_config.get("total_slots"), int):
+            slots = str(runtime_config["total_slots"])  # what the server says beats what we asked for
+        if slots is not None and slots.isdigit() and int(slots) == 1:
+            findings.append(LintFinding(
+                setting="parallel=1", severity="serious",
+                why="one slot: concurrent requests queue behind each other, so throughput under load and "
+                    "peak tok/s measure a serialized server"))
+        if has_flag(command, "--no-cont-batching", "-nocb"):
+            findings.append(LintFinding(
+                setting="no-cont-batching", severity="serious",
+                why="continuous batching is off: new requests wait for the running batch to finish"))
+        threads = flag_value(command, "--threads", "-t")
+        cores = os.cpu_count() or 1
+        if threads is not None and threads.isdigit() and int(threads) > cores:
+            findings.append(LintFinding(
+                setting=f"threads={threads}", severity="warn",
+                why=f"more compute threads than the {cores} logical CPUs: they contend and decode slows down"))
+        return findings
+
+    def lint_log_line(self, line: str) -> LintFinding | None:
+        return offload_finding(line)

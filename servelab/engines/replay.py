@@ -1,0 +1,276 @@
+"""The log-replay engine: a real process that starts up like SGLang or vLLM, at compressed time.
+
+    python -m servelab.engines.replay --script sglang-tp8 --speed 50 --port P [--host H]
+        [--variant hang-in-load|crash-9-mid-load|never-bind|slow-steady] [--model-file F] [ENGINE FLAGS...]
+
+What it does, so that every liveness signal servelab reads is real, not mocked:
+- writes the engine's start-up log (servelab/engines/replay_logs/<script>.log) with live timestamps, one copy of
+  per-rank lines per TP rank, and rank 0's tqdm bars rewritten in place with \\r;
+- forks one process per extra TP rank and parks 8 loader threads per rank on a threading.Event (futex waits,
+  like SGLang's multithread loader) while using no CPU;
+- reads the model file while "loading weights", so /proc/<pid>/io counters grow;
+- opens, binds and answers its HTTP port when and as the real engine does (replay_http.py);
+- honours the engine flags that change start-up: SGLang `--disable-cuda-graph` and vLLM `--enforce-eager` / `-O0`
+  skip graph capture, and /server_info reports them.
+Variants: `hang-in-load` stops everything at 40 % of the weights (nothing moves, the process stays alive);
+`crash-9-mid-load` SIGKILLs itself there (as the OOM killer would); `never-bind` never opens the port but logs
+everything, ready line included; `slow-steady` loads weights at half speed with the bar updated only every
+quarter, while the reads keep flowing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from servelab.engines.replay_http import ReplayHTTP, ReplayState
+from servelab.engines.replay_script import Script, Step, available_scripts, load_script, tqdm_line
+
+VARIANTS = ("normal", "hang-in-load", "crash-9-mid-load", "never-bind", "slow-steady")
+FAULT_AT = 0.4  # hang and crash happen at this fraction of the weight shards
+# Per rank: SGLang's 8 multithread-loader threads (DEFAULT_NUM_THREADS) plus the 8 or so that torch, NCCL and the
+# scheduler keep parked; 8 ranks then hold ~140 idle threads, as the story's 131.
+IDLE_THREADS_PER_RANK = 16
+READ_CHUNK = 1 << 20
+
+SGLANG_DEFAULT_ARGS: dict[str, Any] = {
+    "model_path": None, "tokenizer_path": None, "host": "127.0.0.1", "port": 30000, "tp_size": 1, "dp_size": 1,
+    "mem_fraction_static": 0.79, "max_running_requests": None, "chunked_prefill_size": 8192,
+    "disable_cuda_graph": False, "cuda_graph_max_bs": 512, "cuda_graph_bs": None, "disable_radix_cache": False,
+    "disable_overlap_schedule": False, "log_level": "info", "log_requests": False, "enable_metrics": False,
+    "reasoning_parser": None, "speculative_algorithm": None, "skip_server_warmup": False, "watchdog_timeout": 300,
+    "decode_log_interval": 40, "enable_torch_compile": False, "stream_interval": 1,
+}
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+_CAPTURE_BS = [512, 496, 480, 464, 448, 432, 416, 400, 384, 368, 352, 336, 320, 304, 288, 272, 256, 248, 240, 232,
+               224, 216, 208, 200, 192, 184, 176, 168, 160, 152, 144, 136, 128, 120, 112, 104, 96, 88, 80, 72, 64,
+               56, 48, 40, 32, 24, 16, 12, 8, 4, 2, 1]
+
+
+def park_threads(n: int) -> None:
+    """`n` threads blocked on an Event forever: futex waits, state S, no CPU."""
+    idle = threading.Event()
+    for i in range(n):
+        threading.Thread(target=idle.wait, name=f"idle-{i}", daemon=True).start()
+
+
+def parse_engine_flags(flags: list[str]) -> dict[str, Any]:
+    """`--disable-cuda-graph --log-level debug` -> {"disable_cuda_graph": True, "log_level": "debug"}."""
+    parsed: dict[str, Any] = {}
+    i = 0
+    while i < len(flags):
+        arg = flags[i]
+        if not arg.startswith("-"):
+            i += 1
+            continue
+        name, eq, value = arg.lstrip("-").partition("=")
+        key = name.replace("-", "_")
+        if eq:
+            parsed[key] = _coerce(value)
+        elif i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            parsed[key] = _coerce(flags[i + 1])
+            i += 1
+        else:
+            parsed[key] = True
+        i += 1
+    return parsed
+
+
+def _coerce(value: str) -> Any:
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+class Replay:
+    def __init__(self, script: Script, args: argparse.Namespace, engine_flags: list[str]):
+        self.script, self.args, self.flags = script, args, parse_engine_flags(engine_flags)
+        self.engine = script.meta.get("engine", "sglang")
+        self.speed = args.speed
+        self.model = str(self.flags.get("model_path") or self.flags.get("model") or script.meta.get("model", "model"))
+        if self.engine == "sglang":
+            self.graphs = not self.flags.get("disable_cuda_graph", False)
+        else:
+            level = str(self.flags.get("O", self.flags.get("optimization_level", "2"))).lstrip("O")
+            self.graphs = not self.flags.get("enforce_eager", False) and level != "0" and not self.flags.get("O0")
+        server_args = {**SGLANG_DEFAULT_ARGS, "model_path": self.model, "tokenizer_path": self.model,
+                       "host": args.host, "port": args.port, "tp_size": args.tp, **self.flags}
+        self.state = ReplayState(engine=self.engine, version=script.meta.get("version", "?"), model=self.model,
+                                 server_args=server_args, graphs_captured=self.graphs)
+        self.http = ReplayHTTP(args.host, args.port, self.state)
+        self.loading = threading.Event()
+        self.frozen = threading.Event()  # set by a hang: every thread stops doing anything
+        self.ranks: list[int] = []
+        self._rank_pipes: list[int] = []  # write ends held open: a rank exits when they close (we died)
+        self.t0 = time.monotonic()
+
+    # ---- the process tree and its idle threads ----
+    def fork_ranks(self) -> None:
+        """One child per extra rank, forked before any thread exists. A child waits for EOF on a pipe: it exits
+        when this process dies, however it dies."""
+        for _ in range(max(0, self.args.tp - 1)):
+            read_fd, write_fd = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the rank
+                for fd in [write_fd, *self._rank_pipes]:  # only the parent may keep a rank's pipe open
+                    os.close(fd)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                try:
+                    park_threads(IDLE_THREADS_PER_RANK)
+                    while os.read(read_fd, 1):
+                        pass
+                finally:
+                    os._exit(0)
+            os.close(read_fd)
+            self.ranks.append(pid)
+            self._rank_pipes.append(write_fd)
+
+    def reader(self) -> None:
+        """Reads the model file in a loop while weights load (pread: the offset is ours, the file is shared)."""
+        path = self.args.model_file
+        if not path or not os.path.isfile(path):
+            return
+        fd = os.open(path, os.O_RDONLY)
+        size = max(1, os.fstat(fd).st_size)
+        offset = 0
+        while True:
+            self.loading.wait()
+            if self.frozen.is_set():
+                threading.Event().wait()  # hung: never returns
+            data = os.pread(fd, READ_CHUNK, offset)
+            offset = (offset + len(data)) % size if data else 0
+            time.sleep(0.01)
+
+    # ---- the timeline ----
+    def at(self, script_t: float) -> None:
+        """Sleep until script second `script_t` (compressed by --speed)."""
+        delay = self.t0 + script_t / self.speed - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def fill(self, text: str, rank: int = 0) -> str:
+        now = time.time()
+        values = {
+            "ts": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)),
+            "vts": time.strftime("%m-%d %H:%M:%S", time.localtime(now)),
+            "rank": str(rank), "host": self.args.host, "port": str(self.args.port), "pid": str(os.getpid()),
+            "epid": str(self.ranks[0] if self.ranks else os.getpid()), "tp": str(self.args.tp),
+            "model_path": self.model, "enforce_eager": str(not self.graphs),
+            "compilation_config": "{'mode': 3, 'cudagraph_mode': 'FULL_AND_PIECEWISE'}" if self.graphs
+            else "{'mode': 0, 'cudagraph_mode': 'NONE'}",
+            "server_args": "ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in self.state.server_args.items()) + ")",
+            "non_default_args": repr({"model": self.model, "tensor_parallel_size": self.args.tp,
+                                      **{k: v for k, v in self.flags.items() if k not in ("model", "model_path")}}),
+        }
+        return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), text)
+
+    def emit(self, text: str) -> None:
+        stream = sys.stdout if self.engine == "vllm" else sys.stderr  # vLLM logs to stdout, SGLang to stderr
+        stream.write(text + "\n")
+        stream.flush()
+
+    def run(self) -> None:
+        for step in self.script.steps:
+            if step.condition == "graph" and not self.graphs or step.condition == "nograph" and self.graphs:
+                continue
+            self.at(step.t)
+            if step.directive:
+                self.act(step)
+            else:
+                for rank in range(step.ranks) if step.ranks else [0]:
+                    self.emit(self.fill(step.text or "", rank))
+        threading.Event().wait()  # serve until stopped
+
+    def act(self, step: Step) -> None:
+        variant = self.args.variant
+        if step.directive == "bind" and variant != "never-bind":
+            self.http.bind()
+        elif step.directive == "listen" and variant != "never-bind":
+            self.http.listen()
+        elif step.directive == "health":
+            self.state.health = int(step.args.get("value", "200"))
+        elif step.directive == "load-begin":
+            self.loading.set()
+        elif step.directive == "load-end":
+            self.loading.clear()
+        elif step.directive == "tqdm":
+            self.tqdm(step)
+
+    def tqdm(self, step: Step) -> None:
+        total = int(step.args.get("total", self.script.shards))
+        start, until = step.t, float(step.args["until"])
+        weights = step.args.get("role") == "weights"
+        variant = self.args.variant
+        every = 1
+        if weights and variant == "slow-steady":
+            until = start + 2 * (until - start)
+            every = max(1, total // 4)
+        for n in range(total + 1):
+            self.at(start + (until - start) * n / total)
+            if weights and n >= FAULT_AT * total and variant in ("hang-in-load", "crash-9-mid-load"):
+                self.fault(variant)
+            if n % every and n != total:
+                continue
+            desc = step.args.get("desc", "").replace("{bs}", str(_CAPTURE_BS[min(n, len(_CAPTURE_BS) - 1)])) \
+                .replace("{mem}", f"{17.45 - 3.2 * n / total:.2f}")
+            elapsed = (until - start) * n / total
+            sys.stderr.write("\r" + tqdm_line(desc, n, total, elapsed, step.args.get("style", "bar")))
+            sys.stderr.flush()
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    def fault(self, variant: str) -> None:
+        if variant == "crash-9-mid-load":
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.frozen.set()
+        threading.Event().wait()  # hung in the middle of a phase: no line, no read, no CPU, ever
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    # allow_abbrev=False: vLLM's own `--model X` must stay an engine flag, not become our `--model-file X`.
+    p = argparse.ArgumentParser(prog="python -m servelab.engines.replay", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)
+    p.add_argument("--script", required=True, help=f"one of: {', '.join(available_scripts())}")
+    p.add_argument("--speed", type=float, default=50.0, help="time compression: 50 plays 313 s in 6.3 s")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--variant", choices=VARIANTS, default="normal")
+    p.add_argument("--tp", type=int, default=8, help="ranks: one process each (a process tree like the engine's)")
+    p.add_argument("--model-file", default=None, help="file to read while weights load (read counters grow)")
+    return p.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, engine_flags = parse_args(argv)
+    if args.speed <= 0:
+        print("--speed must be positive", file=sys.stderr)
+        return 2
+    try:
+        script = load_script(args.script)
+    except FileNotFoundError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    replay = Replay(script, args, engine_flags)
+    replay.fork_ranks()  # before any thread: forking a threaded process copies locks in unknown states
+    park_threads(IDLE_THREADS_PER_RANK)
+    threading.Thread(target=replay.reader, name="weights-reader", daemon=True).start()
+    try:
+        replay.run()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
