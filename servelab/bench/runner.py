@@ -21,6 +21,7 @@ from servelab.bench.loads import Recorder, Target, run_concurrency, run_single
 from servelab.bench.metrics import summarize
 from servelab.bench.tokenizer import (LlamaCppServerTokenizer, Tokenizer, probe_server_tokenizer,
                                       tokenizer_from_option)
+from servelab.bench.server_metrics import MetricsWatcher
 from servelab.bench.selftest import SelftestResult, ceiling_warning, load_ceiling
 from servelab.bench.tokens import recount_with_tokenizer
 from servelab.bench.workload import Workload
@@ -59,6 +60,7 @@ class BenchState:
     current: tuple[str, int, int] | None = None  # (tag, concurrency, start_ns) of the level in progress
     stop_reason: str | None = None
     tokenizer: Tokenizer | None = None
+    watcher: MetricsWatcher | None = None  # the server's /metrics, when the engine is known to have them
     client_ceiling: SelftestResult | None = field(default_factory=load_ceiling)
 
     def result(self, interrupted: bool = False) -> BenchResult:
@@ -138,13 +140,23 @@ async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
         state.tokenizer = tokenizer_from_option(option, url)
 
 
+async def begin_level(state: BenchState, tag: str, concurrency: int) -> None:
+    """Mark a load level as running (so Ctrl-C can summarise it) and take the server's metrics before it."""
+    state.current = (tag, concurrency, time.perf_counter_ns())
+    if state.watcher is not None:
+        await state.watcher.start_level()
+
+
 async def finish_level(state: BenchState, records: list[RequestRecord], *, tag: str, mode: str,
                        concurrency: int, window: tuple[int, int]) -> Summary:
     """Recount tokens where the stream gave no per-chunk counts (after the load, so it never perturbs it), then
-    compute the level's figures."""
+    compute the level's figures and attach the server's own metrics."""
+    server = await state.watcher.end_level(records) if state.watcher is not None else None
+    state.current = None
     if state.tokenizer is not None:
         await recount_with_tokenizer(records, state.tokenizer)
     summary = summarize(records, tag=tag, mode=mode, concurrency=concurrency, window=window)
+    summary.server = server
     events = sum(1 for r in records if not r.warmup for e in r.events if window[0] <= e.t_ns <= window[1])
     if summary.window_s > 0:
         warning = ceiling_warning(events / summary.window_s, state.client_ceiling)
@@ -159,40 +171,47 @@ async def run_bench(state: BenchState) -> BenchResult:
         await prepare(state, probe_session)
     from servelab.engines import get_engine  # registry lookup for the detected engine's request extras
 
-    extras = get_engine(state.engine).stream_extras if state.engine else {}
+    adapter = get_engine(state.engine) if state.engine else None
+    extras = adapter.stream_extras if adapter else {}
     client_opts = ClientOptions(deadlines=opts.deadlines, api_key=opts.api_key, stream_extras=dict(extras))
     target = Target(model=state.model, accepts_ignore_eos=state.accepts_ignore_eos)
-    async with StreamClient(state.url, client_opts) as client:
+    async with MetricsWatcher(state.url, adapter.metric_names if adapter else {}) as watcher, \
+            StreamClient(state.url, client_opts) as client:
+        state.watcher = watcher
         if opts.mode == "single":
-            state.current = ("single", 1, time.perf_counter_ns())
+            await warm_up(state, client, target, tag="single")
+            await begin_level(state, "single", 1)
             records, window = await run_single(client, opts.workload, target, state.recorder,
-                                               requests=opts.single_requests, warmup=opts.warmup)
+                                               requests=opts.single_requests, warmup=0)
             state.levels.append(await finish_level(state, records, tag="single", mode="single", concurrency=1,
                                                    window=window))
-            state.current = None
         else:
             await sweep(state, client, target)
     return state.result()
 
 
+async def warm_up(state: BenchState, client: StreamClient, target: Target, tag: str) -> None:
+    """Warm-up requests: recorded (marked warmup) but outside every level's figures and server-metric window."""
+    for _ in range(state.options.warmup):
+        spec = state.options.workload.request(state.recorder.take_index(), target.model, tag=tag, warmup=True,
+                                              accepts_ignore_eos=target.accepts_ignore_eos)
+        state.recorder.add(await client.send(spec))
+
+
 async def sweep(state: BenchState, client: StreamClient, target: Target) -> None:
     """Concurrency 1, 2, 4, ... until aggregate output tok/s stops growing (or max_concurrency is reached)."""
     opts = state.options
-    for _ in range(opts.warmup):
-        spec = opts.workload.request(state.recorder.take_index(), target.model, tag="warmup", warmup=True,
-                                     accepts_ignore_eos=target.accepts_ignore_eos)
-        state.recorder.add(await client.send(spec))
+    await warm_up(state, client, target, tag="warmup")
     best: Summary | None = None
     concurrency = 1
     while concurrency <= opts.max_concurrency:
         tag = f"c{concurrency}"
-        state.current = (tag, concurrency, time.perf_counter_ns())
+        await begin_level(state, tag, concurrency)
         records, window = await run_concurrency(client, opts.workload, target, state.recorder,
                                                 concurrency=concurrency, duration_s=opts.level_duration_s)
         level = await finish_level(state, records, tag=tag, mode="concurrency", concurrency=concurrency,
                                    window=window)
         state.levels.append(level)
-        state.current = None
         tput = level.figures["output_tok_s"].value or 0.0
         if level.requests and level.failed > level.requests / 2:
             state.stop_reason = f"more than half the requests failed at concurrency {concurrency}"
