@@ -52,8 +52,9 @@ def _out_console(as_json: bool) -> Console:
     return err_console if as_json else console
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def up(
+    ctx: typer.Context,
     engine: Annotated[str, typer.Argument(help="Engine to launch, e.g. llamacpp.")],
     model: Annotated[str, typer.Option("--model", "-m", help="Known model name (smollm2) or a path.")] = "smollm2",
     port: Annotated[Optional[int], typer.Option(help="Port (default: a free one).")] = None,
@@ -62,17 +63,32 @@ def up(
     threads: Annotated[Optional[int], typer.Option(help="CPU threads.")] = None,
     log_dir: Annotated[Path, typer.Option(help="Where the engine's log is written.")] = Path("runs/logs"),
     ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for ready.")] = 600.0,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel size, where the engine has it.")] = 1,
+    executable: Annotated[Optional[str], typer.Option(help="Interpreter (Python engines) or binary to run the "
+                                                           "engine with, e.g. .venv-tf/bin/python.")] = None,
+    option: Annotated[Optional[list[str]], typer.Option(help="Adapter option KEY=VALUE (replay: speed, variant; "
+                                                             "command: url, probe_path, ready_regex).")] = None,
+    stall_action: Annotated[str, typer.Option(help="On a stall (no evidence of progress for the phase's "
+                                                   "budget): stop the engine, or wait and only report it.")] = "stop",
+    stall_budget: Annotated[Optional[float], typer.Option(help="Seconds without progress that make a stall, "
+                                                               "whatever the phase (default: per phase).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Start an engine, show its start-up phases live, and keep it serving until Ctrl-C."""
+    """Start an engine, show its start-up phases live, and keep it serving until Ctrl-C.
+
+    Arguments after `--` go to the engine's own command line, e.g.
+    `servelab up llamacpp -- --spec-type draft-simple --draft-model smollm2`."""
     from servelab.engines import EngineSpec
     from servelab.report.live import live_launch
     from servelab.report.terminal import render_lint
 
     out = _out_console(as_json)
-    spec = EngineSpec(engine=engine, model=model, port=port, host=host, parallel=parallel, threads=threads)
+    spec = EngineSpec(engine=engine, model=model, port=port, host=host, parallel=parallel, threads=threads,
+                      extra_args=list(ctx.args))
     log_dir.mkdir(parents=True, exist_ok=True)
-    with live_launch(spec, log_dir, out, ready_timeout_s=ready_timeout) as running:
+    spec = spec.model_copy(update={"tp": tp, "executable": executable, "stall_budget_s": stall_budget,
+                                   "options": dict(item.split("=", 1) for item in option or [] if "=" in item)})
+    with live_launch(spec, log_dir, out, ready_timeout_s=ready_timeout, stall_action=stall_action) as running:
         result = running.result()
         render_lint(out, result.lint)
         if as_json:
@@ -98,13 +114,16 @@ def verify_cmd(
     only: Annotated[Optional[list[str]], typer.Option(help="Run only these check ids.")] = None,
     skip: Annotated[Optional[list[str]], typer.Option(help="Skip these check ids.")] = None,
     timeout: Annotated[float, typer.Option(help="Deadline per check, seconds.")] = 30.0,
+    concurrency: Annotated[int, typer.Option(help="Simultaneous requests in the concurrency checks.")] = 4,
+    api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Functional and OpenAI-compatibility checks against a running server."""
     from servelab.report.terminal import render_checks
     from servelab.verify.runner import verify
 
-    result = verify(url, model=model, only=only, skip=skip, check_timeout_s=timeout)
+    result = verify(url, model=model, only=only, skip=skip, check_timeout_s=timeout, api_key=api_key,
+                    concurrency=concurrency)
     if as_json:
         print(result.model_dump_json(indent=2))
     else:
@@ -245,6 +264,29 @@ def selftest(
     else:
         console.print("[yellow]even one stream exceeded the tolerance: this machine is too busy to time "
                       "accurately[/yellow]")
+
+
+@app.command("doctor")
+def doctor_cmd(
+    pid: Annotated[Optional[int], typer.Option(help="Process id of the engine (its tree is sampled).")] = None,
+    log: Annotated[Optional[Path], typer.Option(help="The engine's log file.")] = None,
+    url: Annotated[Optional[str], typer.Option(help="The engine's base URL (readiness probe, config).")] = None,
+    engine: Annotated[Optional[str], typer.Option(help="Engine name, when it cannot be recognised.")] = None,
+    seconds: Annotated[float, typer.Option(help="How long to watch.")] = 3.0,
+    stacks: Annotated[bool, typer.Option("--stacks", help="Add Python stack dumps (needs py-spy).")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Diagnose a server servelab did not start: starting, loading, ready, stalled or crashed, with the evidence."""
+    from servelab.lifecycle.doctor import diagnose
+    from servelab.report.doctor import render_diagnosis
+
+    result = diagnose(pid=pid, log=log, url=url, engine=engine, seconds=seconds, stacks=stacks)
+    if as_json:
+        print(result.model_dump_json(indent=2))
+    else:
+        render_diagnosis(console, result)
+    if result.verdict.state in ("stalled", "crashed"):
+        raise typer.Exit(1)
 
 
 def main() -> None:
