@@ -1,0 +1,262 @@
+"""`servelab doctor`: one diagnosis for a server servelab did not start, from any of its pid, its log and its URL.
+
+It watches for a few seconds (evidence samples, new log lines, the readiness probe) and judges with the same
+rules as start-up (lifecycle/diagnose.py). What it cannot see from outside it says: without a pid there are no
+process counters; without a URL readiness rests on the log alone. Before the window it only knows when the log
+was last written, so a stall is declared when the log has been silent for the phase's budget *and* nothing moved
+during the window (the assumption is named in the evidence).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from servelab.engines import REGISTRY, get_engine
+from servelab.engines.base import EngineAdapter, EngineSpec
+from servelab.errors import UserError
+from servelab.lifecycle.diagnose import StartupJudge, crashed_verdict
+from servelab.lifecycle.evidence import EvidenceSampler, LogCounters
+from servelab.lifecycle.phases import LogTailer, PhaseTracker
+from servelab.lifecycle.probe import PROBE_TIMEOUT_S, http_get
+from servelab.lifecycle.readback import lint_all, log_lines_for_lint, read_runtime_config
+from servelab.records import Diagnosis, Verdict
+
+PY_SPY_INSTALL = "pip install py-spy (then run as root or with ptrace permission)"
+STACKS_MAX_PROCESSES = 9  # the root and 8 ranks
+_SPEED = re.compile(r"--speed[= ](\d+(?:\.\d+)?)")
+
+
+class _Generic(EngineAdapter):
+    """An engine doctor cannot name: no phases, probe /health."""
+
+    name = "unknown"
+    title = "unknown engine"
+
+
+def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None = None, engine: str | None = None,
+             seconds: float = 3.0, interval_s: float = 0.5, stacks: bool = False) -> Diagnosis:
+    if pid is None and log is None and url is None:
+        raise UserError("doctor needs at least one of --pid, --log, --url")
+    if log is not None and not Path(log).is_file():
+        raise UserError(f"log file {log} does not exist")
+    url = url.rstrip("/") if url else None
+    cmdline = _cmdline(pid) if pid is not None else None
+    adapter = _identify(engine, cmdline, url, log)
+    notes: list[str] = []
+    if pid is not None and cmdline is None:
+        return _gone(adapter, pid, log, url)
+
+    tracker = PhaseTracker(adapter)
+    counters = LogCounters()
+    log_age_s: float | None = None
+    tailer: LogTailer | None = None
+    if log is not None:
+        for line in log_lines_for_lint(Path(log)):  # the log so far: where start-up has got to
+            tracker.feed(line, 0.0)
+        log_age_s = max(0.0, time.time() - os.stat(log).st_mtime)
+        tailer = LogTailer(Path(log), start_offset=os.stat(log).st_size)
+        notes.append(f"log last written {log_age_s:.0f} s ago")
+
+    sampler = EvidenceSampler(pid, Path(log) if log else None)
+    before = -(log_age_s or 0.0)  # assumed: nothing moved between the last log write and the window
+    judge = StartupJudge(adapter, None, None, t0_s=before)
+    t0 = time.monotonic()
+    probe_state, probe_status = None, None
+    try:
+        while True:
+            now = time.monotonic() - t0
+            if tailer is not None:
+                for line in tailer.read_lines():
+                    tracker.feed(line, now)
+                    if adapter.heartbeat_lines is None or not adapter.heartbeat_lines.search(line):
+                        counters.lines += 1
+                tracker.feed_partial(tailer.pending(), now)
+            if url is not None:
+                probe_state, probe_status = _probe(adapter, url)
+            counters.phase, counters.progress = tracker.current.name, tracker.current.progress
+            sample = sampler.sample(now, counters, probe_state)
+            if url is not None:
+                sample.port = "closed" if probe_state == "down" else "open"
+            judge.observe(sample)
+            if pid is not None and not _alive(pid):
+                return _gone(adapter, pid, log, url, samples=sampler.samples)
+            if now >= seconds:
+                break
+            time.sleep(interval_s)
+    finally:
+        sampler.close()
+        if tailer is not None:
+            tailer.close()
+
+    now = time.monotonic() - t0
+    current = tracker.current
+    if probe_state == "ready":
+        verdict = Verdict(state="ready", reason=f"GET {adapter.probe_path} answered {probe_status}"
+                          + ("; the log's ready line is there too" if tracker.ready_line_s is not None else "")
+                          + "; idle threads are normal for a server waiting for requests",
+                          evidence={"probe_status": probe_status, **_facts(sampler)})
+    elif tracker.ready_line_s is not None and url is None:
+        verdict = Verdict(state="ready", reason="the log says ready (its ready line is there); give --url to "
+                                                "confirm with the readiness probe",
+                          evidence={"probe": None, **_facts(sampler)})
+    else:
+        verdict = judge.verdict(now, phase=current.name, phase_start_s=before, progress=current.progress,
+                                probe=probe_state, ready_line_s=tracker.ready_line_s, last_line=tracker.last_line)
+        verdict.evidence["window_s"] = round(now, 1)
+        if log_age_s is not None:
+            verdict.evidence["assumed"] = ("counters were as still before the window as during it, back to the "
+                                           "log's last write")
+    if tracker.last_line:
+        verdict.evidence["last_line"] = tracker.last_line
+
+    config = read_runtime_config(url, adapter) if url and probe_state not in (None, "down") else None
+    lint = lint_all(adapter, EngineSpec(engine=adapter.name, model="-"), cmdline or [], config,
+                    log_lines_for_lint(Path(log)) if log else [])
+    stack_text = None
+    if stacks:
+        stack_text, note = py_spy_dump(pid, sampler)
+        if note:
+            notes.append(note)
+    return Diagnosis(engine=adapter.name if not isinstance(adapter, _Generic) else None, pid=pid,
+                     log_path=str(log) if log else None, url=url, verdict=verdict, phases=tracker.phases,
+                     samples=sampler.samples, lint=lint, stacks=stack_text, notes=notes)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Which engine is it?
+# --------------------------------------------------------------------------------------------------------------
+
+def _identify(engine: str | None, cmdline: list[str] | None, url: str | None, log: Path | None) -> EngineAdapter:
+    if engine:
+        adapter = get_engine(engine)
+    else:
+        adapter = _by_cmdline(cmdline) or _by_fingerprint(url) or _by_log(log) or _Generic()
+    speed = _SPEED.search(" ".join(cmdline or []))
+    if speed and hasattr(adapter, "_speed"):
+        adapter._speed = float(speed.group(1))  # a replay's budgets shrink with its speed
+    return adapter
+
+
+def _by_cmdline(cmdline: list[str] | None) -> EngineAdapter | None:
+    if not cmdline:
+        return None
+    text = " ".join(cmdline)
+    # Longest marker first: "servelab.engines.replay --script sglang" must beat SGLang's own markers.
+    candidates = [(len(m), cls) for cls in REGISTRY.values() for m in cls.cmdline_markers if m in text]
+    return max(candidates, key=lambda c: c[0])[1]() if candidates else None
+
+
+def _by_fingerprint(url: str | None) -> EngineAdapter | None:
+    if not url:
+        return None
+    import json
+
+    for cls in REGISTRY.values():
+        adapter = cls()
+        if not adapter.fingerprint_path:
+            continue
+        try:
+            status, body = http_get(url, adapter.fingerprint_path, PROBE_TIMEOUT_S)
+            if status == 200 and adapter.fingerprint(json.loads(body)):
+                return adapter
+        except (OSError, ValueError, Exception):
+            continue
+    return None
+
+
+def _by_log(log: Path | None) -> EngineAdapter | None:
+    """The adapter whose phase patterns and ready line recognise the most lines of the log."""
+    if log is None:
+        return None
+    lines = log_lines_for_lint(Path(log))[:5000]
+    best: tuple[int, EngineAdapter | None] = (0, None)
+    for cls in REGISTRY.values():
+        adapter = cls()
+        patterns = [p.regex for p in adapter.phases] + ([adapter.ready_line] if adapter.ready_line else [])
+        if not patterns:
+            continue
+        score = sum(1 for line in lines if any(p.search(line) for p in patterns))
+        if score > best[0]:
+            best = (score, adapter)
+    return best[1]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------------------------
+
+def _cmdline(pid: int) -> list[str] | None:
+    """The process's command line; None when it does not exist (or is a zombie: it has exited)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.cmdline()
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.AccessDenied:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    return _cmdline(pid) is not None
+
+
+def _probe(adapter: EngineAdapter, url: str) -> tuple[str, int | None]:
+    try:
+        status, body = http_get(url, adapter.probe_path, PROBE_TIMEOUT_S, max_bytes=4096)
+    except TimeoutError:
+        return "unknown", None
+    except Exception:  # refused, reset: nobody serves there
+        return adapter.probe_state(None, ""), None
+    return adapter.probe_state(status, body.decode("utf-8", errors="replace")), status
+
+
+def _facts(sampler: EvidenceSampler) -> dict[str, Any]:
+    if not sampler.samples:
+        return {}
+    s = sampler.samples[-1]
+    return {"threads": s.threads, "thread_states": s.thread_states, "threads_in_futex": s.threads_in_futex,
+            "processes": s.processes, "rss_bytes": s.rss_bytes, "gpu_util_percent": s.gpu_util_percent}
+
+
+def _gone(adapter: EngineAdapter, pid: int, log: Path | None, url: str | None, samples: list | None = None
+          ) -> Diagnosis:
+    tail = log_lines_for_lint(Path(log))[-20:] if log else []
+    failure = None
+    if adapter.failure_lines is not None:
+        matches = [line for line in tail if adapter.failure_lines.search(line)]
+        failure = matches[-1] if matches else None
+    verdict = crashed_verdict(None, "unknown", tail, failure)
+    # Not our child: its exit status went to its own parent, so the signal cannot be known from here.
+    verdict.reason = f"no live process with pid {pid}: it has exited (its exit status went to its parent)" + (
+        f"; the engine said: {failure.strip()[:200]}" if failure else "")
+    return Diagnosis(engine=adapter.name if not isinstance(adapter, _Generic) else None, pid=pid,
+                     log_path=str(log) if log else None, url=url, verdict=verdict, samples=samples or [],
+                     notes=["check `dmesg` for an OOM kill if it died during start-up"])
+
+
+def py_spy_dump(pid: int | None, sampler: EvidenceSampler) -> tuple[str | None, str | None]:
+    """Python stacks of the process and its children (`py-spy dump`), or a note saying why there are none."""
+    if pid is None:
+        return None, "--stacks needs --pid"
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        return None, f"py-spy is not installed: {PY_SPY_INSTALL}"
+    pids = [p.pid for p in sampler.tree()][:STACKS_MAX_PROCESSES] or [pid]
+    parts = []
+    for member in pids:
+        try:
+            done = subprocess.run([py_spy, "dump", "--pid", str(member)], capture_output=True, text=True, timeout=30)
+            parts.append(f"--- pid {member} ---\n" + (done.stdout or done.stderr).strip())
+        except (OSError, subprocess.SubprocessError) as exc:
+            parts.append(f"--- pid {member} --- py-spy failed: {exc}")
+    return "\n".join(parts), None
