@@ -52,8 +52,9 @@ def _out_console(as_json: bool) -> Console:
     return err_console if as_json else console
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def up(
+    ctx: typer.Context,
     engine: Annotated[str, typer.Argument(help="Engine to launch, e.g. llamacpp.")],
     model: Annotated[str, typer.Option("--model", "-m", help="Known model name (smollm2) or a path.")] = "smollm2",
     port: Annotated[Optional[int], typer.Option(help="Port (default: a free one).")] = None,
@@ -73,13 +74,17 @@ def up(
                                                                "whatever the phase (default: per phase).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Start an engine, show its start-up phases live, and keep it serving until Ctrl-C."""
+    """Start an engine, show its start-up phases live, and keep it serving until Ctrl-C.
+
+    Arguments after `--` go to the engine's own command line, e.g.
+    `servelab up llamacpp -- --spec-type draft-simple --draft-model smollm2`."""
     from servelab.engines import EngineSpec
     from servelab.report.live import live_launch
     from servelab.report.terminal import render_lint
 
     out = _out_console(as_json)
-    spec = EngineSpec(engine=engine, model=model, port=port, host=host, parallel=parallel, threads=threads)
+    spec = EngineSpec(engine=engine, model=model, port=port, host=host, parallel=parallel, threads=threads,
+                      extra_args=list(ctx.args))
     log_dir.mkdir(parents=True, exist_ok=True)
     spec = spec.model_copy(update={"tp": tp, "executable": executable, "stall_budget_s": stall_budget,
                                    "options": dict(item.split("=", 1) for item in option or [] if "=" in item)})
@@ -109,13 +114,16 @@ def verify_cmd(
     only: Annotated[Optional[list[str]], typer.Option(help="Run only these check ids.")] = None,
     skip: Annotated[Optional[list[str]], typer.Option(help="Skip these check ids.")] = None,
     timeout: Annotated[float, typer.Option(help="Deadline per check, seconds.")] = 30.0,
+    concurrency: Annotated[int, typer.Option(help="Simultaneous requests in the concurrency checks.")] = 4,
+    api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Functional and OpenAI-compatibility checks against a running server."""
     from servelab.report.terminal import render_checks
     from servelab.verify.runner import verify
 
-    result = verify(url, model=model, only=only, skip=skip, check_timeout_s=timeout)
+    result = verify(url, model=model, only=only, skip=skip, check_timeout_s=timeout, api_key=api_key,
+                    concurrency=concurrency)
     if as_json:
         print(result.model_dump_json(indent=2))
     else:
