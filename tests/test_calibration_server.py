@@ -414,3 +414,25 @@ def test_split_utf8_reaches_the_client_split_and_decodes_incrementally(cal):
     assert undecodable_alone >= 2  # at least one split lands at the client on each side of the cut
     content = texts(got.chunks(), "content")  # Received.events() decodes incrementally
     assert content == expected_text("answer", 4, multibyte=True) and count_tokens(content).answer == 4
+
+
+def test_summary_reports_the_gaps_the_server_wrote() -> None:
+    """The aggregate truth any client can be compared against, without sending a calibration id."""
+    import time
+    import urllib.request
+
+    from servelab.calibration import Script, start_calibration_server
+
+    with start_calibration_server(Script(ttft_ms=1, itl_ms=4, output_tokens=20, tokens_per_event=2)) as cal:
+        since = time.perf_counter_ns()
+        body = json.dumps({"model": "calibration", "prompt": "x", "stream": True}).encode()
+        for _ in range(2):
+            req = urllib.request.Request(cal.url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                r.read()
+        with urllib.request.urlopen(f"{cal.url}/calibration/summary?since_ns={since}", timeout=10) as r:
+            summary = json.loads(r.read())
+    assert summary["requests"] == 2 and summary["tokens"] == 40
+    assert summary["itl_samples"] == 2 * 18  # 9 gaps per request, 2 tokens each
+    assert 1.5 < summary["itl_ms_mean"] < 6  # 4 ms per event of 2 tokens: ~2 ms per token, loose on a busy box

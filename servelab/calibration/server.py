@@ -191,6 +191,7 @@ class CalibrationServer:
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/calibration/truth/{id}", self.truth)
+        app.router.add_get("/calibration/summary", self.summary)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         return app
@@ -207,6 +208,23 @@ class CalibrationServer:
         if truth is None:
             return _error(404, f"no calibration request with id {request.match_info['id']!r}", "NotFoundError")
         return web.json_response(truth.as_json())
+
+    async def summary(self, request: web.Request) -> web.Response:
+        """Aggregate truth over the requests received since `since_ns` (default: all kept): what any client,
+        including one that cannot send X-Calibration-Id, should have measured."""
+        since = int(request.query.get("since_ns", "0"))
+        gaps_ms: list[float] = []
+        requests = tokens = 0
+        for truth in self.truths.values():
+            if truth.request_received_ns < since:
+                continue
+            requests += 1
+            tokens += sum(n for _, _, n, _ in truth.events)
+            for (t0, _, _, _), (t1, _, n, _) in zip(truth.events, truth.events[1:]):
+                gaps_ms.extend([(t1 - t0) / n / 1e6] * n)
+        mean = sum(gaps_ms) / len(gaps_ms) if gaps_ms else None
+        return web.json_response({"requests": requests, "tokens": tokens, "itl_ms_mean": mean,
+                                  "itl_samples": len(gaps_ms)})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self.generate(request, "chat")
