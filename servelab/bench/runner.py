@@ -41,6 +41,7 @@ class BenchOptions:
     level_duration_s: float = 10.0
     max_concurrency: int = 64
     min_gain: float = 0.03  # a level must beat the best so far by this fraction to count as growth
+    patience: int = 2  # stop after this many levels in a row without growth (one noisy level is not a plateau)
     deadlines: Deadlines = field(default_factory=Deadlines)
     api_key: str | None = None
     # How to count tokens when the server gives no per-chunk counts: auto (the server's tokenizer endpoint when
@@ -203,6 +204,7 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
     opts = state.options
     await warm_up(state, client, target, tag="warmup")
     best: Summary | None = None
+    flat = 0  # consecutive levels that did not beat the best by min_gain
     concurrency = 1
     while concurrency <= opts.max_concurrency:
         tag = f"c{concurrency}"
@@ -216,12 +218,17 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
         if level.requests and level.failed > level.requests / 2:
             state.stop_reason = f"more than half the requests failed at concurrency {concurrency}"
             return
-        if best is not None and tput < (best.figures["output_tok_s"].value or 0.0) * (1 + opts.min_gain):
-            state.stop_reason = (f"output tok/s stopped growing: {tput:.1f} at concurrency {concurrency} is not "
-                                 f"{opts.min_gain:.0%} above {best.figures['output_tok_s'].value:.1f} at "
-                                 f"concurrency {best.concurrency}")
-            return
-        if best is None or tput > (best.figures["output_tok_s"].value or 0.0):
+        best_tput = (best.figures["output_tok_s"].value or 0.0) if best is not None else 0.0
+        if best is not None and tput < best_tput * (1 + opts.min_gain):
+            flat += 1
+            if flat >= opts.patience:
+                state.stop_reason = (f"output tok/s stopped growing: {flat} level(s) up to concurrency "
+                                     f"{concurrency} were not {opts.min_gain:.0%} above {best_tput:.1f} at "
+                                     f"concurrency {best.concurrency}")
+                return
+        else:
+            flat = 0
+        if best is None or tput > best_tput:
             best = level
         concurrency *= 2
     state.stop_reason = f"reached the maximum concurrency ({opts.max_concurrency})"
