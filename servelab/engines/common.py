@@ -15,7 +15,6 @@ from servelab.engines.base import EngineSpec
 from servelab.errors import UserError
 from servelab.models import KNOWN_MODELS, resolve_model
 
-
 # --------------------------------------------------------------------------------------------------------------
 # Command lines
 # --------------------------------------------------------------------------------------------------------------

@@ -24,8 +24,8 @@ from servelab.engines.common import (
     python_for,
     require_python_module,
 )
-from servelab.engines.llama_common import DEFAULT_CTX, DEFAULT_THREADS, offload_finding
 from servelab.engines.lint import finding, merge
+from servelab.engines.llama_common import DEFAULT_CTX, DEFAULT_THREADS, offload_finding
 from servelab.models import resolve_model
 from servelab.records import LintFinding
 

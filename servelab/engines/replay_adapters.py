@@ -47,9 +47,11 @@ class _ReplayMixin:
             raise UserError("replay speed must be positive")
         script = load_script(self.script_name)
         model_file = resolve_model(spec.model)
+        # tp 1 is the spec's default: then the script's own rank count (tp=8 for the story).
+        tp = spec.tp if spec.tp != 1 else int(script.meta.get("tp", "1"))
         command = [sys.executable, "-m", "servelab.engines.replay", "--script", self.script_name,
                    "--speed", f"{self._speed:g}", "--variant", spec.options.get("variant", "normal"),
-                   "--tp", str(spec.tp if spec.tp != 1 else int(script.meta.get("tp", "1"))), "--model-file", str(model_file.path), "--host", spec.host,
+                   "--tp", str(tp), "--model-file", str(model_file.path), "--host", spec.host,
                    "--port", str(port), *spec.extra_args]
         served = script.meta.get("model", "model")
         # Budgets scale with the imitated checkpoint, not with the small file the replay actually reads.

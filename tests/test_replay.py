@@ -1,0 +1,211 @@
+"""The replayed SGLang and vLLM start-ups against servelab's real start-up loop, doctor and lint.
+
+The replay engine is a real process tree (servelab/engines/replay.py): it writes the engine's log lines at
+compressed time, parks idle threads, reads a file while "loading", and answers its port as the engine does.
+Speeds are chosen so each start-up takes a few seconds; time assertions are loose (2 shared cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import psutil
+import pytest
+
+from servelab.engines import EngineSpec, get_engine
+from servelab.errors import EngineFailed
+from servelab.lifecycle.doctor import diagnose
+from servelab.lifecycle.launch import LaunchStatus, http_get, start_engine
+from servelab.lifecycle.readback import read_runtime_config
+
+TIMEOUT_S = 120
+
+
+def replay(engine: str = "replay-sglang", speed: float = 200, variant: str = "normal", extra=(), **kw) -> EngineSpec:
+    return EngineSpec(engine=engine, model="smollm2", options={"speed": str(speed), "variant": variant},
+                      extra_args=list(extra), **kw)
+
+
+def tree_gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory):
+    """The story's 313 s SGLang tp=8 start-up at speed 50 (about 6 s), with doctor run on it while it loads."""
+    updates: list[LaunchStatus] = []
+    doctor_during_load: dict = {}
+    log_dir = tmp_path_factory.mktemp("story")
+
+    def on_update(status: LaunchStatus) -> None:
+        updates.append(status)
+        if status.phase == "loading weights" and (status.progress or 0) > 0.1 and "thread" not in doctor_during_load:
+            log = next(log_dir.glob("*.log"))
+            url = f"http://127.0.0.1:{log.stem.rsplit('-', 1)[1]}"
+            thread = threading.Thread(target=lambda: doctor_during_load.update(
+                result=diagnose(pid=status.pid, log=log, url=url, seconds=1.5)))
+            doctor_during_load["thread"] = thread
+            thread.start()
+
+    running = start_engine(replay(speed=50), log_dir, on_update=on_update, ready_timeout_s=TIMEOUT_S)
+    doctor_during_load["thread"].join(30)
+    try:
+        yield {"engine": running, "updates": updates, "doctor": doctor_during_load.get("result")}
+    finally:
+        running.stop()
+
+
+def test_the_313_s_start_up_is_loading_with_rising_progress_then_ready(story):
+    running, updates = story["engine"], story["updates"]
+    states = [u.verdict.state for u in updates if u.verdict]
+    assert "stalled" not in states and "crashed" not in states
+    assert "loading" in states and states[-1] == "ready"
+    weights = [u.progress for u in updates if u.phase == "loading weights" and u.progress is not None]
+    assert weights == sorted(weights) and len(set(weights)) >= 5 and weights[-1] > 0.9
+    assert [p.name for p in running.phases] == ["starting", "arg dump", "distributed init", "loading weights",
+                                                "allocating KV cache", "capturing CUDA graphs", "scheduler ready",
+                                                "warm-up", "ready"]
+    assert 313 / 50 * 0.8 < running.ready_s < TIMEOUT_S
+
+
+def test_the_loading_evidence_looks_like_the_story(story):
+    running = story["engine"]
+    loading = [s for s in running.evidence if s.phase == "loading weights"]
+    assert loading, "no evidence sample during the weight load"
+    s = loading[-1]
+    assert s.threads >= 100 and s.threads_in_futex >= 100  # idle threads, as the 131 of the story
+    assert s.processes == 8 and s.port == "closed"  # SGLang's port stays closed while it loads
+    assert running.evidence[-1].read_chars > running.evidence[0].read_chars
+
+
+def test_ready_server_with_idle_threads_is_ready_and_lint_is_clean(story):
+    running = story["engine"]
+    result = running.result()
+    assert result.verdict.state == "ready" and result.verdict.evidence["threads_in_futex"] >= 100
+    assert [f for f in running.lint() if f.severity == "serious"] == []
+    assert running.runtime_config()["disable_cuda_graph"] is False
+
+
+def test_doctor_on_the_running_replay(story):
+    during = story["doctor"]
+    assert during is not None and during.engine == "replay-sglang"
+    assert during.verdict.state == "loading", during.verdict.reason
+    assert during.verdict.evidence["phase"] == "loading weights"
+    assert "tqdm counter" in during.verdict.evidence["moving"] or "read bytes" in during.verdict.evidence["moving"]
+    running = story["engine"]
+    after = diagnose(pid=running.pid, log=running.log_path, url=running.url, seconds=1.0)
+    assert after.verdict.state == "ready"
+    assert "idle threads are normal" in after.verdict.reason
+
+
+def test_hang_in_load_is_stalled_within_its_budget_with_the_evidence(tmp_path):
+    updates: list[LaunchStatus] = []
+    with pytest.raises(EngineFailed) as info:
+        start_engine(replay(speed=200, variant="hang-in-load"), tmp_path, on_update=updates.append,
+                     ready_timeout_s=TIMEOUT_S)
+    verdict = info.value.launch_result.verdict
+    assert verdict.state == "stalled"
+    budget = 547e9 / 0.5e9 / 200  # the weight budget at this speed: 5.5 s
+    assert verdict.evidence["budget_s"] == pytest.approx(budget, abs=0.1)
+    assert budget <= verdict.evidence["quiet_s"] < budget + 5
+    assert verdict.evidence["phase"] == "loading weights" and 0.3 < verdict.evidence["progress"] < 0.5
+    assert "read bytes still for" in verdict.reason and "tqdm counter still for" in verdict.reason
+    assert verdict.evidence["stopped_by_servelab"] is True
+    assert "stalled" in info.value.message and "--stall-budget" in info.value.hint
+    assert tree_gone([updates[-1].pid])
+    assert "loading" in [u.verdict.state for u in updates if u.verdict]  # it was loading before it hung
+
+
+def test_crash_mid_load_names_sigkill_and_the_oom_killer(tmp_path):
+    pids: list[int] = []
+
+    def remember(status: LaunchStatus) -> None:
+        if not pids:
+            pids.extend([status.pid, *[c.pid for c in psutil.Process(status.pid).children()]])
+
+    with pytest.raises(EngineFailed) as info:
+        start_engine(replay(speed=200, variant="crash-9-mid-load"), tmp_path, on_update=remember,
+                     ready_timeout_s=TIMEOUT_S)
+    failure = info.value
+    assert "killed by SIGKILL" in failure.message and "OOM" in failure.hint
+    assert failure.engine_exit_code == -signal.SIGKILL
+    verdict = failure.launch_result.verdict
+    assert verdict.state == "crashed" and verdict.evidence["exit_signal"] == "SIGKILL"
+    assert verdict.evidence["phase"] == "loading weights"
+    assert any("Multi-thread loading shards" in line for line in failure.log_tail)
+    assert tree_gone(pids)  # the rank processes went with it
+
+
+def test_never_bind_is_stalled_after_the_ready_line(tmp_path):
+    with pytest.raises(EngineFailed) as info:
+        start_engine(replay(speed=200, variant="never-bind"), tmp_path, ready_timeout_s=TIMEOUT_S)
+    verdict = info.value.launch_result.verdict
+    assert verdict.state == "stalled"
+    assert "after the ready line" in verdict.reason and "probe still says down" in verdict.reason
+    assert verdict.evidence["probe"] == "down"
+
+
+def test_slow_steady_load_with_a_silent_log_stays_loading(tmp_path):
+    """The bar moves only every quarter (longer than the 1.5 s stall budget) while the reads flow."""
+    updates: list[LaunchStatus] = []
+    with start_engine(replay(speed=60, variant="slow-steady", stall_budget_s=1.5), tmp_path,
+                      on_update=updates.append, ready_timeout_s=TIMEOUT_S) as running:
+        assert running.result().verdict.state == "ready"
+    verdicts = [u.verdict for u in updates if u.verdict]
+    assert "stalled" not in [v.state for v in verdicts]
+    reads_only = [v for v in verdicts if v.state == "loading" and v.evidence.get("moving") == ["read bytes"]]
+    assert reads_only, "never saw a stretch where only the reads moved"
+
+
+def test_disable_cuda_graph_is_flagged_before_any_benchmark(tmp_path):
+    with start_engine(replay(speed=200, extra=["--disable-cuda-graph"]), tmp_path,
+                      ready_timeout_s=TIMEOUT_S) as running:
+        assert "capturing CUDA graphs" not in [p.name for p in running.phases]  # it really skipped capture
+        findings = running.lint()  # what `up` and `run` print and record before benchmarking
+        cuda = [f for f in findings if f.setting == "--disable-cuda-graph"]
+        assert cuda and cuda[0].severity == "serious"
+        assert "command line and /server_info" in cuda[0].why
+        # The same verdict from the server's own config alone (a flag SGLang set by itself, say).
+        config = read_runtime_config(running.url, running.adapter)
+        assert config["disable_cuda_graph"] is True
+        assert config["internal_states"][0]["memory_usage"]["graph"] == 0.0
+        alone = get_engine("sglang").lint(EngineSpec(engine="sglang", model="m"), ["python"], config)
+        assert {f.setting for f in alone if f.severity == "serious"} == {"--disable-cuda-graph"}
+
+
+def test_vllm_replay_binds_early_and_reports_its_version(tmp_path):
+    updates: list[LaunchStatus] = []
+    with start_engine(replay("replay-vllm", speed=100), tmp_path, on_update=updates.append,
+                      ready_timeout_s=TIMEOUT_S) as running:
+        names = [p.name for p in running.phases]
+        assert names[-3:] == ["engine ready", "starting HTTP server", "ready"]
+        assert "compiling" in names and "capturing CUDA graphs" in names
+        assert {u.probe for u in updates if u.phase == "loading weights"} == {"down"}  # bound, not listening
+        status, body = http_get(running.url, "/version", 5)
+        assert status == 200 and get_engine("vllm").fingerprint(json.loads(body))
+        assert json.loads(body) == {"version": "0.33.0"}
+
+
+def test_ctrl_c_during_the_load_leaves_no_process(tmp_path):
+    seen: list[int] = []
+
+    def interrupt(status: LaunchStatus) -> None:
+        if status.phase == "loading weights":
+            seen.extend([status.pid, *[c.pid for c in psutil.Process(status.pid).children(recursive=True)]])
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        start_engine(replay(speed=50), tmp_path, on_update=interrupt, ready_timeout_s=TIMEOUT_S)
+    assert len(seen) == 8  # the leader and its 7 ranks
+    assert tree_gone(seen)
+    assert not any(p.pid in seen for p in psutil.process_iter() if p.status() != psutil.STATUS_ZOMBIE)
+    assert os.getpid() not in seen
