@@ -87,7 +87,8 @@ def python_for(spec: EngineSpec) -> str:
 def require_python_module(spec: EngineSpec, module: str, engine_title: str, install: str) -> None:
     """UserError unless `module` is importable by the interpreter that would run the engine."""
     python = python_for(spec)
-    if spec.executable is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+    # abspath, not realpath: every venv's python is a symlink to the same base interpreter; the venv is the path.
+    if spec.executable is None or os.path.abspath(python) == os.path.abspath(sys.executable):
         found = importlib.util.find_spec(module) is not None
     else:
         if not (os.path.isfile(python) and os.access(python, os.X_OK)):
