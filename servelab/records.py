@@ -169,8 +169,8 @@ class Summary(BaseModel):
     """The figures for one load level."""
 
     tag: str
-    mode: Literal["single", "concurrency"]
-    concurrency: int
+    mode: Literal["single", "concurrency", "rate"]  # rate: open loop at a request rate
+    concurrency: int  # closed loop: streams; open loop: the max-concurrency cap, 0 when uncapped
     requests: int  # measured requests (warm-up excluded)
     ok: int
     failed: int
@@ -179,18 +179,29 @@ class Summary(BaseModel):
     figures: dict[str, Figure] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
     server: ServerEvidence | None = None  # the server's own metrics, when it exposes /metrics
+    # Open loop (issue 3): the offered request rate (req/s), and how the load was generated: arrival process,
+    # burstiness, seed, request/duration bounds, max-concurrency cap, warm-up (None / empty for closed loop).
+    rate: float | None = None
+    load: dict[str, Any] = Field(default_factory=dict)
+    # With latency targets (issue 3): {"passed", "targets": {key: {"limit_ms", "observed_ms", "passed"}}};
+    # see bench/slo.py and docs/metrics.md#slo-level.
+    slo: dict[str, Any] | None = None
 
 
 class BenchResult(BaseModel):
     schema_version: int = SCHEMA_VERSION
     url: str
     model: str
-    mode: Literal["single", "sweep"]
+    # single, sweep (concurrency 1, 2, 4, …), and (issue 3) one concurrency level, one rate level, a rate sweep,
+    # and the max-load search under SLOs.
+    mode: Literal["single", "sweep", "concurrency", "rate", "rate-sweep", "slo-search"]
     workload: dict[str, Any]
     levels: list[Summary]
     headline: dict[str, Figure] = Field(default_factory=dict)  # e.g. "single.decode_tok_s", "peak.output_tok_s"
     stop_reason: str | None = None
     interrupted: bool = False
+    # slo-search only (issue 3): targets, the dimension searched, the bracket, each probe and the answer.
+    search: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------------------------------------------

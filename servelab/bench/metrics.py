@@ -118,8 +118,9 @@ def _fig(values: Iterable[float | None], unit: str, definition: str, method, hea
 
 
 def summarize(records: Sequence[RequestRecord], *, tag: str, mode: str, concurrency: int,
-              window: tuple[int, int]) -> Summary:
-    """Figures for one load level. `window` = (start_ns, end_ns) over which aggregate rates are computed."""
+              window: tuple[int, int], slos: Sequence | None = None) -> Summary:
+    """Figures for one load level. `window` = (start_ns, end_ns) over which aggregate rates are computed.
+    With `slos` (bench/slo.py targets), also goodput and SLO attainment."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
     failed = [r for r in measured if not r.ok]
@@ -148,8 +149,10 @@ def summarize(records: Sequence[RequestRecord], *, tag: str, mode: str, concurre
     lags = [(r.t_send_ns - r.scheduled_ns) / NS_PER_MS for r in measured if r.scheduled_ns is not None]
     if lags:
         figures["client_lag_ms"] = _fig(lags, "ms", "client-lag", None, headline="p99")
+    if slos:
+        figures.update(goodput_figures(measured, slos, window))
 
-    warnings = token_accounting_warnings(ok)
+    warnings = token_accounting_warnings(ok) + length_control_warnings(ok)
     if failed:
         warnings.append(f"{len(failed)} of {len(measured)} requests failed; they are excluded from latency "
                         f"figures and counted under `errors`")
@@ -178,6 +181,53 @@ def token_accounting_warnings(ok: Sequence[RequestRecord]) -> list[str]:
         warnings.append(f"{len(short)} of {len(ok)} requests did not produce the requested max_tokens despite "
                         f"ignore_eos (e.g. request {r.index}: {r.output_tokens} of {r.max_tokens})")
     return warnings
+
+
+def length_control_warnings(ok: Sequence[RequestRecord]) -> list[str]:
+    """Say when a prompt was not as long as the workload meant it to be (input_tokens vs the server's
+    usage.prompt_tokens), or when an answer stopped before the min_tokens it asked for."""
+    warnings: list[str] = []
+    off = [r for r in ok if r.input_tokens is not None and r.usage and r.usage.prompt_tokens is not None
+           and r.usage.prompt_tokens != r.input_tokens]
+    if off:
+        r = off[0]
+        warnings.append(f"{len(off)} of {len(ok)} requests: the prompt the workload built is not the length the "
+                        f"server counted (e.g. request {r.index}: {r.input_tokens} sent, {r.usage.prompt_tokens} "
+                        f"in usage.prompt_tokens)")
+    short = [r for r in ok if isinstance(r.sampling.get("min_tokens"), int) and _generated(r) < r.sampling[
+        "min_tokens"]]
+    if short:
+        r = short[0]
+        warnings.append(f"{len(short)} of {len(ok)} requests stopped before the requested min_tokens (e.g. "
+                        f"request {r.index}: {_generated(r)} of at least {r.sampling['min_tokens']})")
+    return warnings
+
+
+def _generated(r: RequestRecord) -> int:
+    """Tokens generated, by the server's own count when it gave one (it sees the EOS token a client cannot)."""
+    return r.usage.completion_tokens if r.usage and r.usage.completion_tokens is not None else r.output_tokens
+
+
+def goodput(records: Sequence[RequestRecord], slos: Sequence, window: tuple[int, int]
+            ) -> tuple[float | None, float | None]:
+    """(goodput in req/s, SLO attainment): requests that met every target and ended inside the window, per second
+    of window; and the fraction of measured requests (failures included) that met every target."""
+    from servelab.bench.slo import request_meets  # slo.py builds on this module
+
+    measured = [r for r in records if not r.warmup]
+    met = [r for r in measured if request_meets(r, slos)]
+    ws, we = window
+    window_s = max(we - ws, 0) / NS_PER_S
+    good_in_window = sum(1 for r in met if r.t_end_ns is not None and ws <= r.t_end_ns <= we)
+    return (good_in_window / window_s if window_s > 0 else None, len(met) / len(measured) if measured else None)
+
+
+def goodput_figures(records: Sequence[RequestRecord], slos: Sequence, window: tuple[int, int]
+                    ) -> dict[str, Figure]:
+    rate, fraction = goodput(records, slos, window)
+    targets = ",".join(f"{s.key}={s.limit_ms:g}" for s in slos)
+    return {"goodput_req_s": Figure(value=rate, unit="req/s", definition="goodput", note=targets),
+            "slo_attainment": Figure(value=fraction, unit="fraction", definition="slo-attainment", note=targets)}
 
 
 def _eos_only(r: RequestRecord) -> bool:

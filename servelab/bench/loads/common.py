@@ -1,0 +1,44 @@
+"""What every load mode shares: the recorder that keeps records as they complete, and the target's traits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from servelab.bench.client import RequestSpec
+from servelab.records import RequestRecord
+
+
+@dataclass
+class Recorder:
+    """Collects records as they complete, so an interrupted run still has everything that finished."""
+
+    records: list[RequestRecord] = field(default_factory=list)
+    on_record: Callable[[RequestRecord], None] | None = None
+    next_index: int = 0
+
+    def take_index(self) -> int:
+        i = self.next_index
+        self.next_index += 1
+        return i
+
+    def add(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
+
+
+@dataclass(frozen=True)
+class Target:
+    model: str
+    accepts_ignore_eos: bool = False
+    # Whether requests may carry `min_tokens` (vLLM, SGLang). Engines that ignore unknown fields (llama.cpp)
+    # must say no, or the per-request length check would blame the server for a field it never read.
+    accepts_min_tokens: bool = False
+
+
+def make_spec(workload, target: Target, recorder: Recorder, tag: str, warmup: bool = False) -> RequestSpec:
+    """The next request of `workload`, numbered in the order requests are built."""
+    return workload.request(recorder.take_index(), target.model, tag=tag, warmup=warmup,
+                            accepts_ignore_eos=target.accepts_ignore_eos,
+                            accepts_min_tokens=target.accepts_min_tokens)

@@ -1,0 +1,137 @@
+"""Latency targets (SLOs): parsing them, and judging a load level and each request against them.
+
+A target names a quantity, a statistic and a limit: `ttft_p99_ms=500` means "the 99th percentile of TTFT is at
+most 500 ms". Quantities: ttft, ttfo, itl, tpot, e2e (docs/metrics.md); statistics: p50, p90, p95, p99, max.
+
+Two judgements (definitions: docs/metrics.md#slo-attainment and #slo-level):
+- a request meets the targets when its own value is within every limit: its TTFT/TTFO/E2E/TPOT, and for ITL the
+  same statistic over its own token gaps. A failed request meets none; a request too short to have an ITL or
+  TPOT meets those targets vacuously, but one without any token cannot meet a TTFT/TTFO target.
+- a level meets the targets when each statistic, computed over all measured requests with every failed request
+  counted as infinitely slow, is within its limit. So failures cannot make a level look better by leaving the
+  distribution, and p99 <= X tolerates at most 1 % failures.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from servelab.bench import metrics
+from servelab.errors import UserError
+from servelab.records import RequestRecord
+
+QUANTITIES = ("ttft", "ttfo", "itl", "tpot", "e2e")
+STATS = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "max": 100.0}
+_KEY = re.compile(r"(?P<q>[a-z]+)_(?P<s>p50|p90|p95|p99|max)_ms")
+_HINT = "e.g. --slo ttft_p99_ms=500,itl_p99_ms=50,e2e_p99_ms=10000"
+
+
+@dataclass(frozen=True)
+class SLO:
+    quantity: str  # one of QUANTITIES
+    stat: str  # one of STATS
+    limit_ms: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.quantity}_{self.stat}_ms"
+
+    @property
+    def q(self) -> float:
+        return STATS[self.stat]
+
+
+def parse_slos(text: str | None) -> list[SLO]:
+    """`ttft_p99_ms=500,itl_p99_ms=50` -> targets. Empty or None -> no targets."""
+    if not text or not text.strip():
+        return []
+    slos: dict[str, SLO] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition("=")
+        m = _KEY.fullmatch(key.strip())
+        if not sep or not m or m.group("q") not in QUANTITIES:
+            raise UserError(f"bad SLO '{part.strip()}'", hint=f"QUANTITY_STAT_ms=LIMIT with QUANTITY in "
+                                                             f"{'/'.join(QUANTITIES)}, STAT in {'/'.join(STATS)}; "
+                                                             f"{_HINT}")
+        try:
+            limit = float(value)
+        except ValueError:
+            raise UserError(f"bad SLO limit in '{part.strip()}': not a number", hint=_HINT) from None
+        if not limit > 0:
+            raise UserError(f"bad SLO limit in '{part.strip()}': must be positive")
+        slo = SLO(m.group("q"), m.group("s"), limit)
+        slos[slo.key] = slo
+    return list(slos.values())
+
+
+def request_value_ms(r: RequestRecord, slo: SLO) -> float | None:
+    """The request's own value for a target's quantity (ITL: the target's statistic over its token gaps)."""
+    if slo.quantity == "ttft":
+        return _ms(metrics.ttft_ns(r))
+    if slo.quantity == "ttfo":
+        return _ms(metrics.ttfo_ns(r))
+    if slo.quantity == "e2e":
+        return _ms(metrics.e2e_ns(r))
+    if slo.quantity == "tpot":
+        return metrics.tpot_ms(r)
+    gaps = sorted(metrics.token_gaps_ms(r))
+    return metrics.percentile(gaps, slo.q) if gaps else None
+
+
+def request_meets(r: RequestRecord, slos: Sequence[SLO]) -> bool:
+    if not r.ok:
+        return False
+    for slo in slos:
+        value = request_value_ms(r, slo)
+        if value is None:
+            if slo.quantity in ("itl", "tpot"):
+                continue  # fewer than two token events: no gap can have broken the target
+            return False
+        if value > slo.limit_ms:
+            return False
+    return True
+
+
+def level_values(records: Sequence[RequestRecord], slo: SLO) -> list[float]:
+    """The samples a level's statistic is taken over; a failed request is one infinite sample."""
+    values: list[float] = []
+    for r in records:
+        if r.warmup:
+            continue
+        if not r.ok:
+            values.append(math.inf)
+        elif slo.quantity == "itl":
+            values.extend(metrics.token_gaps_ms(r))
+        else:
+            v = request_value_ms(r, slo)
+            if v is not None:
+                values.append(v)
+            elif slo.quantity in ("ttft", "ttfo"):
+                values.append(math.inf)  # a successful request without any token never reached its first one
+    return values
+
+
+def level_verdict(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> dict[str, Any]:
+    """{"passed", "targets": {key: {"limit_ms", "observed_ms", "passed"}}}: the shape stored in Summary.slo."""
+    targets: dict[str, Any] = {}
+    for slo in slos:
+        values = sorted(level_values(records, slo))
+        observed = metrics.percentile(values, slo.q) if values else math.inf
+        if math.isnan(observed):  # interpolating between two infinite samples (inf - inf)
+            observed = math.inf
+        targets[slo.key] = {"limit_ms": slo.limit_ms, "observed_ms": None if math.isinf(observed) else observed,
+                            "passed": observed <= slo.limit_ms}
+    measured = sum(1 for r in records if not r.warmup)
+    return {"passed": measured > 0 and all(t["passed"] for t in targets.values()), "targets": targets}
+
+
+def describe(slos: Sequence[SLO]) -> str:
+    return ",".join(f"{s.key}={s.limit_ms:g}" for s in slos)
+
+
+def _ms(ns: int | None) -> float | None:
+    return ns / metrics.NS_PER_MS if ns is not None else None
