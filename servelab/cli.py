@@ -135,43 +135,92 @@ def verify_cmd(
 @app.command("bench")
 def bench_cmd(
     url: Annotated[str, typer.Argument(help="Base URL of an OpenAI-compatible server.")],
-    mode: Annotated[str, typer.Option(help="single (one request at a time) or sweep (concurrency 1, 2, 4, … "
-                                           "until throughput stops growing).")] = "single",
+    mode: Annotated[str, typer.Option(help="single (one request at a time), sweep (concurrency 1, 2, 4, … until "
+                                           "throughput stops growing), concurrency (one closed-loop level), rate "
+                                           "(one open-loop level), rate-sweep, or slo-search (the highest load "
+                                           "that meets --slo).")] = "single",
     model: ModelOpt = None,
-    requests: Annotated[int, typer.Option(help="Measured requests in single mode.")] = 8,
+    requests: Annotated[Optional[int], typer.Option(help="Measured requests: in single mode (default 8), or per "
+                                                         "level in the other modes.")] = None,
     max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
-    duration: Annotated[float, typer.Option(help="Seconds per concurrency level in sweep mode.")] = 10.0,
-    max_concurrency: Annotated[int, typer.Option(help="Highest concurrency a sweep tries.")] = 64,
+    duration: Annotated[Optional[float], typer.Option(help="Seconds per level (default 10 when --requests is "
+                                                           "not given).")] = None,
+    max_concurrency: Annotated[Optional[int], typer.Option(
+        help="sweep / slo-search --search concurrency: highest concurrency tried (default 64); rate modes: cap "
+             "on requests in flight.")] = None,
     endpoint: Annotated[str, typer.Option(help="chat or completions.")] = "chat",
+    concurrency: Annotated[Optional[int], typer.Option(help="Streams for --mode concurrency (slo-search: the "
+                                                            "first concurrency tried).")] = None,
+    rate: Annotated[Optional[str], typer.Option(help="Requests/s for --mode rate; a list (1,2,4) for "
+                                                     "rate-sweep (default: a ramp 1, 2, 4, …); the first rate "
+                                                     "tried for slo-search.")] = None,
+    arrival: Annotated[Optional[str], typer.Option(help="Open-loop arrivals: poisson, gamma or constant "
+                                                        "(default poisson; gamma when --burstiness is "
+                                                        "given).")] = None,
+    burstiness: Annotated[float, typer.Option(help="Gamma shape: 1 = Poisson, < 1 burstier, > 1 more "
+                                                   "regular.")] = 1.0,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests before the first level (excluded from every "
+                                             "figure).")] = 1,
+    dataset: Annotated[Optional[Path], typer.Option(help="Prompts from a file: ShareGPT JSON or JSONL "
+                                                         "({\"prompt\"} or {\"messages\"} per line).")] = None,
+    dataset_format: Annotated[Optional[str], typer.Option(help="sharegpt or jsonl (default: from the file "
+                                                               "extension).")] = None,
+    output_from_dataset: Annotated[bool, typer.Option(help="Output length from the dataset's answers "
+                                                           "(ShareGPT's gpt turn, in tokens).")] = False,
+    input_tokens: Annotated[Optional[str], typer.Option(
+        help="Synthetic prompts of exact length after the chat template: N, uniform:MIN..MAX, "
+             "normal:MEAN,STD[,MIN..MAX] or lognormal:MEAN,STD[,MIN..MAX].")] = None,
+    prefix_groups: Annotated[Optional[int], typer.Option(help="Shared-prefix prompts: number of "
+                                                              "groups.")] = None,
+    prefix_tokens: Annotated[Optional[int], typer.Option(help="Shared-prefix prompts: tokens each group "
+                                                              "shares.")] = None,
+    prefix_group_size: Annotated[int, typer.Option(help="Shared-prefix prompts: consecutive requests per "
+                                                        "group.")] = 8,
+    ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly --max-tokens tokens (where the engine "
+                                                  "accepts ignore_eos).")] = True,
+    min_tokens: Annotated[Optional[int], typer.Option(help="Ask for at least this many output tokens (where "
+                                                           "the engine accepts min_tokens).")] = None,
+    slo: Annotated[Optional[str], typer.Option(help="Latency targets, e.g. ttft_p99_ms=500,itl_p99_ms=50,"
+                                                    "e2e_p99_ms=10000: goodput per level, and what "
+                                                    "slo-search must meet.")] = None,
+    search: Annotated[str, typer.Option(help="slo-search: vary the request rate or the concurrency.")] = "rate",
+    max_rate: Annotated[float, typer.Option(help="Highest rate a ramp or a search tries (req/s).")] = 256.0,
+    max_probes: Annotated[int, typer.Option(help="slo-search: most levels to run.")] = 8,
+    seed: Annotated[int, typer.Option(help="Seed for arrival times, synthetic prompts and lengths.")] = 0,
     out: Annotated[Optional[Path], typer.Option(help="Write summary.json and records.jsonl under this "
                                                      "directory.")] = None,
+    csv: Annotated[bool, typer.Option("--csv", help="With --out: also write records.csv and levels.csv "
+                                                    "(docs/output.md).")] = False,
     api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Benchmark a running server: single-stream or a concurrency sweep, counted in tokens."""
-    from servelab.bench.runner import BenchOptions, bench
-    from servelab.bench.workload import Workload
+    """Benchmark a running server: single stream, closed or open loop, sweeps, SLO search; counted in tokens."""
+    from servelab.bench.options import BenchArgs, build_options
+    from servelab.bench.runner import bench
     from servelab.report.terminal import render_headline, render_levels
+    from servelab.store.export import export_csv
     from servelab.store.rundir import RunDir
 
-    if mode not in ("single", "sweep"):
-        raise UserError(f"unknown mode '{mode}'", hint="use --mode single or --mode sweep")
-    if endpoint not in ("chat", "completions"):
-        raise UserError(f"unknown endpoint '{endpoint}'", hint="use --endpoint chat or --endpoint completions")
-    if requests < 1 or max_tokens < 1 or duration <= 0 or max_concurrency < 1:
-        raise UserError("--requests, --max-tokens, --duration and --max-concurrency must be positive")
-    workload = Workload(endpoint="/v1/chat/completions" if endpoint == "chat" else "/v1/completions",
-                        max_tokens=max_tokens)
-    options = BenchOptions(mode=mode, model=model, workload=workload, single_requests=requests,
-                           level_duration_s=duration, max_concurrency=max_concurrency, api_key=api_key)
+    if csv and out is None:
+        raise UserError("--csv writes next to the run's JSON: give --out DIR too")
+    options = build_options(BenchArgs(
+        mode=mode, model=model, requests=requests, duration=duration, max_tokens=max_tokens,
+        max_concurrency=max_concurrency, endpoint=endpoint, concurrency=concurrency, rate=rate, arrival=arrival,
+        burstiness=burstiness, warmup=warmup, dataset=dataset, dataset_format=dataset_format,
+        output_from_dataset=output_from_dataset, input_tokens=input_tokens, prefix_groups=prefix_groups,
+        prefix_tokens=prefix_tokens, prefix_group_size=prefix_group_size, ignore_eos=ignore_eos,
+        min_tokens=min_tokens, slo=slo, search=search, max_rate=max_rate, max_probes=max_probes, seed=seed,
+        api_key=api_key))
     ui = _out_console(as_json)
     rundir = RunDir.create(out, "bench", mode) if out else None
+    records = []
     done = {"n": 0, "tokens": 0}
     with ui.status("benchmarking…") as status:
         def on_record(record) -> None:
             done["n"] += 1
             done["tokens"] += record.output_tokens
             status.update(f"{record.tag}: {done['n']} requests, {done['tokens']:,} tokens")
+            records.append(record)
             if rundir:
                 rundir.append_record(record)
 
@@ -179,6 +228,8 @@ def bench_cmd(
     if rundir:
         rundir.close()
         rundir.write_json("summary.json", result)
+        if csv:
+            export_csv(records, result.levels, rundir.path)
     if as_json:
         print(result.model_dump_json(indent=2))
     else:
@@ -287,6 +338,23 @@ def doctor_cmd(
         render_diagnosis(console, result)
     if result.verdict.state in ("stalled", "crashed"):
         raise typer.Exit(1)
+
+
+@app.command("export")
+def export_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (summary.json + records.jsonl).")],
+    fmt: Annotated[str, typer.Option("--format", help="csv or json.")] = "csv",
+    to: Annotated[Optional[Path], typer.Option(help="Directory to write into (default: the run "
+                                                    "directory).")] = None,
+) -> None:
+    """Export a run's per-request records and level summaries as CSV or JSON (columns: docs/output.md)."""
+    from servelab.store.export import export_run_dir
+
+    paths, notes = export_run_dir(run_dir, fmt, to)
+    for note in notes:
+        err_console.print(f"note: {note}", highlight=False)
+    for path in paths:
+        console.print(str(path), highlight=False)
 
 
 def main() -> None:

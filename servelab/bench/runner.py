@@ -17,14 +17,17 @@ from typing import Literal
 import aiohttp
 
 from servelab.bench.client import ClientOptions, Deadlines, StreamClient
-from servelab.bench.loads import Recorder, Target, run_concurrency, run_single
+from servelab.bench.loads import Recorder, Target, make_spec, run_concurrency, run_single
 from servelab.bench.metrics import summarize
+from servelab.bench.plans import (PLAN_MODES, LoadPlan, annotate_partial, plan_headline, prepare_workload,
+                                  run_plan)
 from servelab.bench.tokenizer import (LlamaCppServerTokenizer, Tokenizer, probe_server_tokenizer,
                                       tokenizer_from_option)
 from servelab.bench.server_metrics import MetricsWatcher
 from servelab.bench.selftest import SelftestResult, ceiling_warning, load_ceiling
 from servelab.bench.tokens import recount_with_tokenizer
 from servelab.bench.workload import Workload
+from servelab.bench.workloads import WorkloadSource
 from servelab.engines.detect import detect_engine
 from servelab.errors import UserError
 from servelab.net import ensure_reachable, normalize_base_url
@@ -33,9 +36,9 @@ from servelab.records import BenchResult, Figure, RequestRecord, Summary
 
 @dataclass
 class BenchOptions:
-    mode: Literal["single", "sweep"] = "single"
+    mode: Literal["single", "sweep", "concurrency", "rate", "rate-sweep", "slo-search"] = "single"
     model: str | None = None
-    workload: Workload = field(default_factory=Workload)
+    workload: WorkloadSource = field(default_factory=Workload)
     single_requests: int = 8
     warmup: int = 1
     level_duration_s: float = 10.0
@@ -47,6 +50,8 @@ class BenchOptions:
     # How to count tokens when the server gives no per-chunk counts: auto (the server's tokenizer endpoint when
     # it has one), server, none, calibration, or a path to a tokenizer.json. See bench/tokenizer.py.
     tokenizer: str = "auto"
+    # The modes beyond single and sweep (concurrency, rate, rate-sweep, slo-search): see bench/plans.py.
+    plan: LoadPlan = field(default_factory=LoadPlan)
 
 
 @dataclass
@@ -63,20 +68,30 @@ class BenchState:
     tokenizer: Tokenizer | None = None
     watcher: MetricsWatcher | None = None  # the server's /metrics, when the engine is known to have them
     client_ceiling: SelftestResult | None = field(default_factory=load_ceiling)
+    accepts_min_tokens: bool = False  # the engine honours `min_tokens` (set by plans.prepare_workload)
+    current_plan: dict | None = None  # plans.py: mode, rate and load of the level in progress, if it runs one
+    search: dict | None = None  # slo-search: probes, bracket and answer (plans.slo_search)
 
     def result(self, interrupted: bool = False) -> BenchResult:
         levels = list(self.levels)
         if interrupted and self.current is not None:
             tag, conc, start_ns = self.current
             partial = [r for r in self.recorder.records if r.tag == tag]
-            levels.append(summarize(partial, tag=tag, mode="single" if tag == "single" else "concurrency",
-                                    concurrency=conc, window=(start_ns, time.perf_counter_ns())))
+            mode = (self.current_plan or {}).get("mode") or ("single" if tag == "single" else "concurrency")
+            levels.append(summarize(partial, tag=tag, mode=mode, concurrency=conc,
+                                    window=(start_ns, time.perf_counter_ns()),
+                                    slos=self.options.plan.slos or None))
+            annotate_partial(self, levels[-1], partial)
             levels[-1].warnings.append("interrupted: this level did not run to the end")
         result = BenchResult(url=self.url, model=self.model, mode=self.options.mode,
-                             workload=self.options.workload.describe(self.accepts_ignore_eos) |
+                             workload=self.options.workload.describe(self.accepts_ignore_eos,
+                                                                     self.accepts_min_tokens) |
                              {"engine_detected": self.engine,
-                              "tokenizer": self.tokenizer.name if self.tokenizer else None},
-                             levels=levels, stop_reason=self.stop_reason, interrupted=interrupted)
+                              "tokenizer": self.tokenizer.name if self.tokenizer else None} |
+                             ({"load_plan": self.options.plan.describe(self.options.mode)}
+                              if self.options.mode in PLAN_MODES else {}),
+                             levels=levels, stop_reason=self.stop_reason, interrupted=interrupted,
+                             search=self.search)
         result.headline = headline(result)
         return result
 
@@ -100,6 +115,7 @@ def headline(result: BenchResult) -> dict[str, Figure]:
         out["peak.output_tok_s"] = fig
         out["peak.concurrency"] = Figure(value=best.concurrency, unit="streams", definition="peak-output-tok-s")
         out["peak.request_s"] = best.figures["request_s"]
+    out.update(plan_headline(result))
     return out
 
 
@@ -170,12 +186,14 @@ async def run_bench(state: BenchState) -> BenchResult:
     opts = state.options
     async with aiohttp.ClientSession() as probe_session:
         await prepare(state, probe_session)
+        await prepare_workload(state, probe_session)
     from servelab.engines import get_engine  # registry lookup for the detected engine's request extras
 
     adapter = get_engine(state.engine) if state.engine else None
     extras = adapter.stream_extras if adapter else {}
     client_opts = ClientOptions(deadlines=opts.deadlines, api_key=opts.api_key, stream_extras=dict(extras))
-    target = Target(model=state.model, accepts_ignore_eos=state.accepts_ignore_eos)
+    target = Target(model=state.model, accepts_ignore_eos=state.accepts_ignore_eos,
+                    accepts_min_tokens=state.accepts_min_tokens)
     async with MetricsWatcher(state.url, adapter.metric_names if adapter else {}) as watcher, \
             StreamClient(state.url, client_opts) as client:
         state.watcher = watcher
@@ -186,16 +204,17 @@ async def run_bench(state: BenchState) -> BenchResult:
                                                requests=opts.single_requests, warmup=0)
             state.levels.append(await finish_level(state, records, tag="single", mode="single", concurrency=1,
                                                    window=window))
-        else:
+        elif opts.mode == "sweep":
             await sweep(state, client, target)
+        else:
+            await run_plan(state, client, target)
     return state.result()
 
 
 async def warm_up(state: BenchState, client: StreamClient, target: Target, tag: str) -> None:
     """Warm-up requests: recorded (marked warmup) but outside every level's figures and server-metric window."""
     for _ in range(state.options.warmup):
-        spec = state.options.workload.request(state.recorder.take_index(), target.model, tag=tag, warmup=True,
-                                              accepts_ignore_eos=target.accepts_ignore_eos)
+        spec = make_spec(state.options.workload, target, state.recorder, tag, warmup=True)
         state.recorder.add(await client.send(spec))
 
 

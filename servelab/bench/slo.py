@@ -26,7 +26,7 @@ from servelab.records import RequestRecord
 
 QUANTITIES = ("ttft", "ttfo", "itl", "tpot", "e2e")
 STATS = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "max": 100.0}
-_KEY = re.compile(r"(?P<q>[a-z]+)_(?P<s>p50|p90|p95|p99|max)_ms")
+_KEY = re.compile(r"(?P<q>[a-z0-9]+)_(?P<s>p50|p90|p95|p99|max)_ms")
 _HINT = "e.g. --slo ttft_p99_ms=500,itl_p99_ms=50,e2e_p99_ms=10000"
 
 

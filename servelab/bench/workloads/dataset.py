@@ -51,18 +51,19 @@ class DatasetWorkload:
     kind = "dataset"
 
     def __post_init__(self) -> None:
+        if self.output_from_dataset:  # an item with no answer and no max_tokens has no output length to ask for
+            usable = [it for it in self.items if it.reference_output is not None or it.max_tokens is not None]
+            self.skipped += len(self.items) - len(usable)
+            self.items = usable
         if not self.items:
-            raise UserError(f"{self.path}: no usable prompts in this {self.format} file")
+            raise UserError(f"{self.path}: no usable prompts in this {self.format} file"
+                            + (" (none has an answer to take the output length from)"
+                               if self.output_from_dataset else ""))
         if not self.endpoint.endswith("/chat/completions"):
             chat = next((it for it in self.items if isinstance(it.content, list)), None)
             if chat is not None:
                 raise UserError(f"{chat.where}: chat messages cannot be sent to the completions endpoint",
                                 hint="use --endpoint chat")
-        if self.output_from_dataset and any(it.reference_output is None and it.max_tokens is None
-                                            for it in self.items):
-            missing = next(it for it in self.items if it.reference_output is None and it.max_tokens is None)
-            raise UserError(f"{missing.where}: output lengths from the dataset were asked for, but this item has "
-                            f"no answer and no max_tokens")
         self.order = list(range(len(self.items)))
         if self.shuffle:
             random.Random(f"{self.seed}:order").shuffle(self.order)

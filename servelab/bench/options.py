@@ -1,0 +1,151 @@
+"""From the `bench` command's flat options to BenchOptions: which workload, which load plan, and every
+combination that makes no sense refused as a UserError (one line, before anything is sent).
+
+Kept out of cli.py so the CLI only parses and renders, and so these rules are tested without a subprocess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab.bench.loads.arrivals import ARRIVALS
+from servelab.bench.plans import PLAN_MODES, LoadPlan
+from servelab.bench.runner import BenchOptions
+from servelab.bench.slo import parse_slos
+from servelab.bench.workloads import (CHAT, COMPLETIONS, DATASET_FORMATS, OutputSpec, SharedPrefixWorkload,
+                                      SyntheticWorkload, Workload, load_dataset, parse_length)
+from servelab.errors import UserError
+
+MODES = ("single", "sweep", *PLAN_MODES)
+DEFAULT_LEVEL_DURATION_S = 10.0
+DEFAULT_SINGLE_REQUESTS = 8
+DEFAULT_SWEEP_MAX_CONCURRENCY = 64
+
+
+@dataclass
+class BenchArgs:
+    """The bench command's options as typed (None: not given)."""
+
+    mode: str = "single"
+    model: str | None = None
+    requests: int | None = None
+    duration: float | None = None
+    max_tokens: int = 128
+    max_concurrency: int | None = None
+    endpoint: str = "chat"
+    concurrency: int | None = None
+    rate: str | None = None  # "4" or "1,2,4" (rate-sweep)
+    arrival: str | None = None
+    burstiness: float = 1.0
+    warmup: int = 1
+    dataset: Path | None = None
+    dataset_format: str | None = None
+    output_from_dataset: bool = False
+    input_tokens: str | None = None
+    prefix_groups: int | None = None
+    prefix_tokens: int | None = None
+    prefix_group_size: int = 8
+    ignore_eos: bool = True
+    min_tokens: int | None = None
+    slo: str | None = None
+    search: str = "rate"
+    max_rate: float = 256.0
+    max_probes: int = 8
+    seed: int = 0
+    api_key: str | None = None
+
+
+def build_options(a: BenchArgs) -> BenchOptions:
+    if a.mode not in MODES:
+        raise UserError(f"unknown mode '{a.mode}'", hint=f"use --mode {', '.join(MODES)}")
+    if a.endpoint not in ("chat", "completions"):
+        raise UserError(f"unknown endpoint '{a.endpoint}'", hint="use --endpoint chat or --endpoint completions")
+    _positive(requests=a.requests, duration=a.duration, max_tokens=a.max_tokens,
+              max_concurrency=a.max_concurrency, concurrency=a.concurrency, prefix_groups=a.prefix_groups,
+              prefix_tokens=a.prefix_tokens, prefix_group_size=a.prefix_group_size, min_tokens=a.min_tokens,
+              max_rate=a.max_rate, max_probes=a.max_probes, burstiness=a.burstiness)
+    if a.warmup < 0:
+        raise UserError("--warmup must be zero or more")
+    slos = parse_slos(a.slo)
+    if slos and a.mode in ("single", "sweep"):
+        raise UserError("latency targets (--slo) apply to --mode concurrency, rate, rate-sweep and slo-search")
+    return BenchOptions(mode=a.mode, model=a.model, workload=build_workload(a),
+                        single_requests=a.requests or DEFAULT_SINGLE_REQUESTS, warmup=a.warmup,
+                        level_duration_s=a.duration or DEFAULT_LEVEL_DURATION_S,
+                        max_concurrency=a.max_concurrency or DEFAULT_SWEEP_MAX_CONCURRENCY, api_key=a.api_key,
+                        plan=build_plan(a, slos))
+
+
+def build_plan(a: BenchArgs, slos) -> LoadPlan:
+    rates = parse_rates(a.rate) if a.rate else []
+    if a.mode == "rate" and len(rates) != 1:
+        raise UserError("--mode rate needs one --rate (requests/s)", hint="for several, use --mode rate-sweep")
+    if a.mode not in ("rate", "rate-sweep") and rates and not (a.mode == "slo-search" and len(rates) == 1):
+        raise UserError(f"--rate does not apply to --mode {a.mode}")
+    if a.concurrency is not None and a.mode not in ("concurrency", "slo-search"):
+        raise UserError(f"--concurrency does not apply to --mode {a.mode}")
+    if a.mode == "concurrency" and a.concurrency is None:
+        raise UserError("--mode concurrency needs --concurrency N")
+    if a.search not in ("rate", "concurrency"):
+        raise UserError(f"unknown search dimension '{a.search}'", hint="use --search rate or --search concurrency")
+    arrival = a.arrival or ("gamma" if a.burstiness != 1.0 else "poisson")
+    if arrival not in ARRIVALS:
+        raise UserError(f"unknown arrival process '{arrival}'", hint=f"use --arrival {', '.join(ARRIVALS)}")
+    if a.burstiness != 1.0 and arrival != "gamma":
+        raise UserError(f"--burstiness applies to gamma arrivals, not {arrival}", hint="use --arrival gamma")
+    open_loop = a.mode in ("rate", "rate-sweep") or (a.mode == "slo-search" and a.search == "rate")
+    plan = LoadPlan(concurrency=a.concurrency or 1, rates=rates, arrival=arrival, burstiness=a.burstiness,
+                    seed=a.seed, requests=a.requests, duration_s=a.duration,
+                    max_concurrency=a.max_concurrency if open_loop else None, max_rate=a.max_rate, slos=slos,
+                    search=a.search, max_probes=a.max_probes)  # type: ignore[arg-type]
+    if a.mode == "slo-search":
+        plan.search_start = rates[0] if rates else (a.concurrency if a.search == "concurrency" else None)
+        if a.search == "concurrency":
+            plan.search_max = a.max_concurrency or DEFAULT_SWEEP_MAX_CONCURRENCY
+    return plan
+
+
+def build_workload(a: BenchArgs):
+    endpoint = CHAT if a.endpoint == "chat" else COMPLETIONS
+    output = OutputSpec(max_tokens=a.max_tokens, ignore_eos=a.ignore_eos, min_tokens=a.min_tokens)
+    prefix = a.prefix_groups is not None or a.prefix_tokens is not None
+    if a.dataset is not None:
+        if a.input_tokens or prefix:
+            raise UserError("--dataset cannot be combined with --input-tokens or --prefix-groups/--prefix-tokens")
+        if a.dataset_format is not None and a.dataset_format not in DATASET_FORMATS:
+            raise UserError(f"unknown dataset format '{a.dataset_format}'",
+                            hint=f"use --dataset-format {' or '.join(DATASET_FORMATS)}")
+        return load_dataset(a.dataset, a.dataset_format, endpoint=endpoint, output=output,
+                            output_from_dataset=a.output_from_dataset, seed=a.seed)
+    if a.dataset_format is not None or a.output_from_dataset:
+        raise UserError("--dataset-format and --output-from-dataset need --dataset")
+    if prefix:
+        if a.prefix_groups is None or a.prefix_tokens is None or a.input_tokens is None:
+            raise UserError("shared-prefix prompts need --prefix-groups, --prefix-tokens and --input-tokens "
+                            "(the whole prompt's length)")
+        return SharedPrefixWorkload(input_tokens=parse_length(a.input_tokens), endpoint=endpoint, output=output,
+                                    seed=a.seed, groups=a.prefix_groups, per_group=a.prefix_group_size,
+                                    prefix_tokens=a.prefix_tokens)
+    if a.input_tokens is not None:
+        return SyntheticWorkload(input_tokens=parse_length(a.input_tokens), endpoint=endpoint, output=output,
+                                 seed=a.seed)
+    if a.min_tokens is not None:
+        raise UserError("--min-tokens needs a workload that controls lengths: --input-tokens or --dataset")
+    return Workload(endpoint=endpoint, max_tokens=a.max_tokens, ignore_eos=a.ignore_eos)
+
+
+def parse_rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"bad --rate '{text}'", hint="requests per second, e.g. 4 or 1,2,4,8") from None
+    if not rates or any(not r > 0 for r in rates):
+        raise UserError(f"bad --rate '{text}': rates must be positive")
+    return rates
+
+
+def _positive(**values) -> None:
+    bad = [name for name, v in values.items() if v is not None and not v > 0]
+    if bad:
+        raise UserError(f"--{bad[0].replace('_', '-')} must be positive")

@@ -1,0 +1,187 @@
+"""Exports of a run: per-request records and per-level summaries, as JSON or CSV (columns: docs/output.md).
+
+- JSON is lossless: `records.json` is the list of RequestRecords exactly as in records.jsonl (events included),
+  `levels.json` the list of level Summaries, so either can be validated back into the same models.
+- CSV is for spreadsheets and pandas: `records.csv` has one row per request with its derived per-request
+  quantities (TTFT, E2E, … computed by bench/metrics.py, the same functions the figures use), `levels.csv` one
+  row per level with each figure's value and distribution statistics. The column sets are fixed, so files from
+  different runs line up; a quantity a row does not have is an empty cell.
+
+Works on any run directory, including an interrupted one (summary.json says so; a torn last line of
+records.jsonl is skipped) and one without summary.json (a run killed before it was written: records only).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from servelab.bench import metrics
+from servelab.errors import UserError
+from servelab.records import RequestRecord, Summary
+from servelab.store.rundir import read_records
+
+FORMATS = ("csv", "json")
+
+RECORD_COLUMNS = [
+    "index", "tag", "warmup", "endpoint", "ok", "error_kind", "http_status", "error_detail",
+    "input_tokens", "prompt_tokens", "max_tokens", "output_tokens", "completion_tokens", "reasoning_tokens",
+    "cached_tokens", "count_method", "finish_reason", "saw_done", "chunks",
+    "temperature", "ignore_eos", "min_tokens",
+    "scheduled_ns", "t_send_ns", "t_headers_ns", "t_end_ns",
+    "client_lag_ms", "ttft_ms", "ttfo_ms", "e2e_ms", "tpot_ms", "decode_tok_s", "itl_p50_ms", "itl_max_ms",
+]
+
+LEVEL_SCALARS = ["output_tok_s", "request_s", "goodput_req_s", "slo_attainment"]
+LEVEL_DISTRIBUTIONS = ["ttft_ms", "ttfo_ms", "itl_ms", "itl_chunk_ms", "tpot_ms", "e2e_ms", "decode_tok_s",
+                       "output_tokens", "client_lag_ms"]
+STATS = ["n", "mean", "min", "p50", "p90", "p95", "p99", "max"]
+LEVEL_COLUMNS = (["tag", "mode", "concurrency", "rate", "requests", "ok", "failed", "errors", "window_s",
+                  "counted_by", "slo_passed"] + LEVEL_SCALARS
+                 + [f"{name}_{stat}" for name in LEVEL_DISTRIBUTIONS for stat in STATS] + ["warnings"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rows
+# ---------------------------------------------------------------------------------------------------------------
+
+def record_row(r: RequestRecord) -> dict[str, Any]:
+    usage = r.usage
+    gaps = sorted(metrics.token_gaps_ms(r))
+    return {
+        "index": r.index, "tag": r.tag, "warmup": r.warmup, "endpoint": r.endpoint, "ok": r.ok,
+        "error_kind": r.error_kind, "http_status": r.http_status, "error_detail": r.error_detail,
+        "input_tokens": r.input_tokens, "prompt_tokens": usage.prompt_tokens if usage else None,
+        "max_tokens": r.max_tokens, "output_tokens": r.output_tokens,
+        "completion_tokens": usage.completion_tokens if usage else None, "reasoning_tokens": r.reasoning_tokens,
+        "cached_tokens": usage.cached_tokens if usage else None, "count_method": r.count_method,
+        "finish_reason": r.finish_reason, "saw_done": r.saw_done, "chunks": r.chunks,
+        "temperature": r.sampling.get("temperature"), "ignore_eos": r.sampling.get("ignore_eos"),
+        "min_tokens": r.sampling.get("min_tokens"),
+        "scheduled_ns": r.scheduled_ns, "t_send_ns": r.t_send_ns, "t_headers_ns": r.t_headers_ns,
+        "t_end_ns": r.t_end_ns,
+        "client_lag_ms": (r.t_send_ns - r.scheduled_ns) / metrics.NS_PER_MS if r.scheduled_ns is not None
+        else None,
+        "ttft_ms": _ms(metrics.ttft_ns(r)), "ttfo_ms": _ms(metrics.ttfo_ns(r)), "e2e_ms": _ms(metrics.e2e_ns(r)),
+        "tpot_ms": metrics.tpot_ms(r), "decode_tok_s": metrics.decode_tok_s(r),
+        "itl_p50_ms": metrics.percentile(gaps, 50) if gaps else None, "itl_max_ms": gaps[-1] if gaps else None,
+    }
+
+
+def level_row(s: Summary) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "tag": s.tag, "mode": s.mode, "concurrency": s.concurrency, "rate": s.rate, "requests": s.requests,
+        "ok": s.ok, "failed": s.failed, "errors": ";".join(f"{k}:{v}" for k, v in sorted(s.errors.items())) or None,
+        "window_s": s.window_s, "counted_by": s.figures["output_tok_s"].counted_by if "output_tok_s" in s.figures
+        else None, "slo_passed": s.slo["passed"] if s.slo else None, "warnings": " | ".join(s.warnings) or None}
+    for name in LEVEL_SCALARS:
+        fig = s.figures.get(name)
+        row[name] = fig.value if fig else None
+    for name in LEVEL_DISTRIBUTIONS:
+        dist = s.figures[name].dist if name in s.figures else None
+        for stat in STATS:
+            row[f"{name}_{stat}"] = getattr(dist, stat) if dist else None
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One function per format
+# ---------------------------------------------------------------------------------------------------------------
+
+def export_csv(records: Sequence[RequestRecord], levels: Sequence[Summary], out_dir: Path) -> list[Path]:
+    """records.csv and levels.csv in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "records.csv", out_dir / "levels.csv"]
+    _write_csv(paths[0], RECORD_COLUMNS, (record_row(r) for r in records))
+    _write_csv(paths[1], LEVEL_COLUMNS, (level_row(s) for s in levels))
+    return paths
+
+
+def export_json(records: Sequence[RequestRecord], levels: Sequence[Summary], out_dir: Path) -> list[Path]:
+    """records.json and levels.json in `out_dir`: the models' own JSON, lists of them."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "records.json", out_dir / "levels.json"]
+    _write_text(paths[0], "[" + ",\n".join(r.model_dump_json() for r in records) + "]\n")
+    _write_text(paths[1], "[" + ",\n".join(s.model_dump_json(indent=2) for s in levels) + "]\n")
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# From a run directory
+# ---------------------------------------------------------------------------------------------------------------
+
+def load_run(run_dir: Path) -> tuple[list[RequestRecord], list[Summary], list[str]]:
+    """(records, levels, notes) of a run directory written by `servelab run` or `servelab bench --out`."""
+    if not run_dir.is_dir():
+        raise UserError(f"not a run directory: {run_dir}")
+    records_path, summary_path = run_dir / "records.jsonl", run_dir / "summary.json"
+    if not records_path.exists() and not summary_path.exists():
+        raise UserError(f"{run_dir} has neither records.jsonl nor summary.json: not a run directory")
+    notes: list[str] = []
+    records = read_records(records_path) if records_path.exists() else []
+    levels: list[Summary] = []
+    if summary_path.exists():
+        try:
+            doc = json.loads(summary_path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise UserError(f"{summary_path}: not valid JSON ({exc})") from None
+        levels = levels_of(doc, summary_path)
+        if doc.get("interrupted") or doc.get("status") == "interrupted" or any(
+                (doc.get(k) or {}).get("interrupted") for k in ("single", "sweep")):
+            notes.append("the run was interrupted: its last level is partial")
+    else:
+        notes.append("no summary.json (the run ended before writing it): records only, no levels")
+    return records, levels, notes
+
+
+def levels_of(doc: dict[str, Any], where: Path) -> list[Summary]:
+    """The level summaries of a BenchResult (`bench --out`) or a RunSummary (`run`: single, then sweep)."""
+    if "levels" in doc:
+        raw = doc["levels"]
+    else:
+        raw = [lv for key in ("single", "sweep") if doc.get(key) for lv in doc[key].get("levels", [])]
+    try:
+        return [Summary.model_validate(lv) for lv in raw]
+    except ValueError as exc:
+        raise UserError(f"{where}: a level does not have the expected shape: {str(exc).splitlines()[0]}") from None
+
+
+def export_run_dir(run_dir: Path, fmt: str, to: Path | None = None) -> tuple[list[Path], list[str]]:
+    """Write the exports of `run_dir` (into `to`, default the run directory). Returns (paths, notes)."""
+    if fmt not in FORMATS:
+        raise UserError(f"unknown export format '{fmt}'", hint=f"use one of {', '.join(FORMATS)}")
+    records, levels, notes = load_run(run_dir)
+    write = export_csv if fmt == "csv" else export_json
+    return write(records, levels, to or run_dir), notes
+
+
+def _write_csv(path: Path, columns: list[str], rows) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="raise")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _cell(v) for k, v in row.items()})
+    tmp.replace(path)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _cell(value: Any) -> Any:
+    """None -> empty cell; floats with repr precision, so a CSV read back gives the same number."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+def _ms(ns: int | None) -> float | None:
+    return ns / metrics.NS_PER_MS if ns is not None else None
