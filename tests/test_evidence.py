@@ -173,3 +173,43 @@ def test_gpu_memory_growth_is_progress(field):
         j.observe(sample(float(i), **{field: i * 2**30}))
     v = verdict(j, 59.0)
     assert v.state == "loading" and "GPU memory" in v.evidence["moving"]
+
+
+def test_gpu_reader_sums_the_trees_memory_through_nvml(monkeypatch):
+    """No GPU here: NVML's shape stands in (as in the provenance test), to check what is read and summed."""
+    from types import SimpleNamespace
+
+    from servelab.lifecycle.evidence import GpuReader
+
+    class FakeNvml:
+        @staticmethod
+        def nvmlInit():
+            pass
+
+        @staticmethod
+        def nvmlShutdown():
+            pass
+
+        @staticmethod
+        def nvmlDeviceGetCount():
+            return 2
+
+        @staticmethod
+        def nvmlDeviceGetHandleByIndex(i):
+            return i
+
+        @staticmethod
+        def nvmlDeviceGetComputeRunningProcesses(handle):
+            return [SimpleNamespace(pid=100 + handle, usedGpuMemory=2**30 * (handle + 1)),
+                    SimpleNamespace(pid=999, usedGpuMemory=2**34)]  # someone else's process: not ours
+
+        @staticmethod
+        def nvmlDeviceGetUtilizationRates(handle):
+            return SimpleNamespace(gpu=[0, 37][handle])
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml)
+    reader = GpuReader()
+    assert reader.available
+    assert reader.read({100, 101}) == (3 * 2**30, 37.0)
+    reader.close()
+    assert reader.read({100}) == (None, None)

@@ -162,8 +162,10 @@ def test_slow_steady_load_with_a_silent_log_stays_loading(tmp_path):
         assert running.result().verdict.state == "ready"
     verdicts = [u.verdict for u in updates if u.verdict]
     assert "stalled" not in [v.state for v in verdicts]
-    reads_only = [v for v in verdicts if v.state == "loading" and v.evidence.get("moving") == ["read bytes"]]
-    assert reads_only, "never saw a stretch where only the reads moved"
+    # The story's case: log and bar silent, yet loading, because the reads (and maybe CPU time) move.
+    silent_log = [v for v in verdicts if v.state == "loading" and "read bytes" in v.evidence.get("moving", [])
+                  and not {"log lines", "tqdm counter"} & set(v.evidence.get("moving", []))]
+    assert silent_log, "never saw a stretch where the log was silent and the reads moved"
 
 
 def test_disable_cuda_graph_is_flagged_before_any_benchmark(tmp_path):
