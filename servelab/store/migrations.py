@@ -1,0 +1,118 @@
+"""The run store's schema, as an ordered list of migrations. Never edit a migration that has shipped: add one.
+
+A database records the number of the last migration applied in `schema_version` (one row). Opening a store
+applies every later migration in order, each in its own transaction, so a store written by an older servelab is
+brought up to date without losing a row, and a crash mid-migration leaves the previous version intact.
+
+Version 1: runs with their launch (phases, lint), verify checks, bench levels, headline figures and per-request
+           records. Each run also keeps its whole RunSummary as JSON, so reading a run back gives exactly the
+           document its run directory holds.
+Version 2: experiments and their cells (which run measured which cell, keyed by a hash of the cell's definition,
+           so an interrupted experiment resumes), and a `representative` flag on runs (0 when a serious lint
+           finding applies), back-filled from the lint rows of existing runs.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+
+def _v1_runs(db: sqlite3.Connection) -> None:
+    _execute(db, """
+        CREATE TABLE runs (
+            run_id        TEXT PRIMARY KEY,
+            run_dir       TEXT,
+            status        TEXT NOT NULL,
+            error         TEXT,
+            started_at    TEXT,
+            engine        TEXT,
+            engine_version TEXT,
+            model         TEXT,
+            url           TEXT,
+            provenance    TEXT NOT NULL,      -- Provenance JSON
+            summary       TEXT NOT NULL,      -- the whole RunSummary JSON (what summary.json holds)
+            saved_at      TEXT NOT NULL
+        );
+        CREATE TABLE launches (
+            run_id   TEXT PRIMARY KEY REFERENCES runs(run_id) ON DELETE CASCADE,
+            engine   TEXT, url TEXT, ready_s REAL, verdict_state TEXT, verdict_reason TEXT, log_path TEXT
+        );
+        CREATE TABLE phases (
+            run_id TEXT REFERENCES runs(run_id) ON DELETE CASCADE,
+            seq INTEGER, name TEXT, start_s REAL, end_s REAL, progress REAL, detail TEXT,
+            PRIMARY KEY (run_id, seq)
+        );
+        CREATE TABLE lint (
+            run_id TEXT REFERENCES runs(run_id) ON DELETE CASCADE,
+            seq INTEGER, setting TEXT, severity TEXT, why TEXT,
+            PRIMARY KEY (run_id, seq)
+        );
+        CREATE TABLE checks (
+            run_id TEXT REFERENCES runs(run_id) ON DELETE CASCADE,
+            seq INTEGER, check_id TEXT, outcome TEXT, reason TEXT, duration_ms REAL,
+            request TEXT, response_excerpt TEXT,
+            PRIMARY KEY (run_id, seq)
+        );
+        CREATE TABLE levels (
+            run_id TEXT REFERENCES runs(run_id) ON DELETE CASCADE,
+            bench TEXT, seq INTEGER, tag TEXT, mode TEXT, concurrency INTEGER, requests INTEGER, ok INTEGER,
+            failed INTEGER, window_s REAL,
+            summary TEXT NOT NULL,             -- the level's Summary JSON
+            PRIMARY KEY (run_id, bench, seq)
+        );
+        CREATE TABLE figures (
+            run_id TEXT REFERENCES runs(run_id) ON DELETE CASCADE,
+            key TEXT, value REAL, unit TEXT, definition TEXT, counted_by TEXT, note TEXT,
+            PRIMARY KEY (run_id, key)
+        );
+        CREATE TABLE records (
+            run_id TEXT REFERENCES runs(run_id) ON DELETE CASCADE,
+            seq INTEGER, tag TEXT, warmup INTEGER, ok INTEGER, output_tokens INTEGER,
+            record TEXT NOT NULL,              -- the RequestRecord JSON, events included
+            PRIMARY KEY (run_id, seq)
+        );
+        CREATE INDEX records_by_tag ON records(run_id, tag);
+    """)
+
+
+def _v2_experiments(db: sqlite3.Connection) -> None:
+    _execute(db, """
+        CREATE TABLE experiments (
+            experiment_id TEXT PRIMARY KEY,    -- the experiment directory's name
+            name          TEXT NOT NULL,
+            source        TEXT,                -- the experiment file, or 'embedded default'
+            out_dir       TEXT,
+            status        TEXT NOT NULL,       -- running, complete, interrupted
+            started_at    TEXT NOT NULL,
+            updated_at    TEXT NOT NULL
+        );
+        CREATE TABLE experiment_cells (
+            experiment_id TEXT REFERENCES experiments(experiment_id) ON DELETE CASCADE,
+            cell_key      TEXT NOT NULL,       -- hash of the cell's definition and its bench settings
+            cell_name     TEXT NOT NULL,
+            seq           INTEGER NOT NULL,    -- the cell's position in the file
+            run_id        TEXT,
+            status        TEXT NOT NULL,       -- complete, failed, interrupted
+            reason        TEXT,
+            updated_at    TEXT NOT NULL,
+            PRIMARY KEY (experiment_id, cell_key)
+        );
+        ALTER TABLE runs ADD COLUMN cell_name TEXT;
+        ALTER TABLE runs ADD COLUMN experiment_id TEXT;
+        ALTER TABLE runs ADD COLUMN representative INTEGER NOT NULL DEFAULT 1;
+        UPDATE runs SET representative = 0
+            WHERE run_id IN (SELECT run_id FROM lint WHERE severity = 'serious');
+    """)
+
+
+def _execute(db: sqlite3.Connection, script: str) -> None:
+    """Statement by statement: `executescript` would commit the migration's transaction before it runs."""
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+# In order: MIGRATIONS[i] takes a store from version i to version i + 1.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_runs, _v2_experiments]
+LATEST = len(MIGRATIONS)

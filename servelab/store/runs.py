@@ -1,0 +1,135 @@
+"""Runs in the store: save one (everything it measured), list them, read one back.
+
+A run is saved whole in one transaction, replacing any earlier copy under the same id (a run is saved again when
+it ends, after being saved interrupted). Reading it back gives the RunSummary its run directory holds and its
+per-request records, so `compare` and `report` work the same from the store or from a directory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab.errors import UserError
+from servelab.records import RequestRecord, RunSummary
+from servelab.store.db import Store
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def is_representative(summary: RunSummary) -> bool:
+    """False when a serious lint finding applies: the numbers do not show what the engine can do."""
+    return not (summary.launch and any(f.severity == "serious" for f in summary.launch.lint))
+
+
+def save_run(store: Store, summary: RunSummary, records: Sequence[RequestRecord], run_dir: Path | None = None,
+             *, cell_name: str | None = None, experiment_id: str | None = None) -> None:
+    prov = summary.provenance
+    url = summary.launch.url if summary.launch else (summary.verify.url if summary.verify else None)
+    if url is None:
+        url = (summary.single or summary.sweep).url if (summary.single or summary.sweep) else None
+    with store.write() as db:
+        db.execute("DELETE FROM runs WHERE run_id = ?", (summary.run_id,))  # cascades to every child table
+        db.execute(
+            "INSERT INTO runs (run_id, run_dir, status, error, started_at, engine, engine_version, model, url, "
+            "provenance, summary, saved_at, cell_name, experiment_id, representative) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (summary.run_id, str(run_dir) if run_dir else None, summary.status, summary.error, prov.started_at,
+             prov.engine, prov.engine_version, prov.model, url, prov.model_dump_json(), summary.model_dump_json(),
+             _now(), cell_name, experiment_id, int(is_representative(summary))))
+        if summary.launch:
+            launch = summary.launch
+            db.execute("INSERT INTO launches VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (summary.run_id, launch.engine, launch.url, launch.ready_s, launch.verdict.state,
+                        launch.verdict.reason, launch.log_path))
+            db.executemany("INSERT INTO phases VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           [(summary.run_id, i, p.name, p.start_s, p.end_s, p.progress, p.detail)
+                            for i, p in enumerate(launch.phases)])
+            db.executemany("INSERT INTO lint VALUES (?, ?, ?, ?, ?)",
+                           [(summary.run_id, i, f.setting, f.severity, f.why) for i, f in enumerate(launch.lint)])
+        if summary.verify:
+            db.executemany("INSERT INTO checks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           [(summary.run_id, i, c.id, c.outcome, c.reason, c.duration_ms,
+                             json.dumps(c.request) if c.request is not None else None, c.response_excerpt)
+                            for i, c in enumerate(summary.verify.checks)])
+        for bench_name in ("single", "sweep"):
+            result = getattr(summary, bench_name)
+            if result is None:
+                continue
+            db.executemany("INSERT INTO levels VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           [(summary.run_id, bench_name, i, s.tag, s.mode, s.concurrency, s.requests, s.ok,
+                             s.failed, s.window_s, s.model_dump_json()) for i, s in enumerate(result.levels)])
+        db.executemany("INSERT INTO figures VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       [(summary.run_id, key, fig.value, fig.unit, fig.definition, fig.counted_by, fig.note)
+                        for key, fig in summary.headline.items()])
+        db.executemany("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       [(summary.run_id, i, r.tag, int(r.warmup), int(r.ok), r.output_tokens, r.model_dump_json())
+                        for i, r in enumerate(records)])
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One line of `servelab runs`."""
+
+    run_id: str
+    started_at: str | None
+    status: str
+    engine: str | None
+    model: str | None
+    cell_name: str | None
+    experiment_id: str | None
+    representative: bool
+    decode_tok_s: float | None
+    peak_output_tok_s: float | None
+    run_dir: str | None
+
+
+def list_runs(store: Store, limit: int | None = None, experiment_id: str | None = None) -> list[RunRow]:
+    """Newest first."""
+    sql = ("SELECT r.*, (SELECT value FROM figures f WHERE f.run_id = r.run_id AND f.key = 'single.decode_tok_s') "
+           "AS decode, (SELECT value FROM figures f WHERE f.run_id = r.run_id AND f.key = 'peak.output_tok_s') "
+           "AS peak FROM runs r")
+    params: list[object] = []
+    if experiment_id:
+        sql += " WHERE r.experiment_id = ?"
+        params.append(experiment_id)
+    sql += " ORDER BY r.started_at DESC, r.run_id DESC"
+    if limit:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return [RunRow(run_id=row["run_id"], started_at=row["started_at"], status=row["status"], engine=row["engine"],
+                   model=row["model"], cell_name=row["cell_name"], experiment_id=row["experiment_id"],
+                   representative=bool(row["representative"]), decode_tok_s=row["decode"],
+                   peak_output_tok_s=row["peak"], run_dir=row["run_dir"])
+            for row in store.db.execute(sql, params)]
+
+
+def resolve_run_id(store: Store, ref: str) -> str | None:
+    """The run id `ref` names: exact, or a unique prefix. None when nothing matches; UserError when ambiguous."""
+    exact = store.db.execute("SELECT run_id FROM runs WHERE run_id = ?", (ref,)).fetchone()
+    if exact:
+        return exact[0]
+    like = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    rows = [r[0] for r in store.db.execute("SELECT run_id FROM runs WHERE run_id LIKE ? ESCAPE '\\' "
+                                           "ORDER BY run_id", (like,))]
+    if len(rows) > 1:
+        raise UserError(f"'{ref}' matches {len(rows)} runs ({', '.join(rows[:3])}…)", hint="give more of the id")
+    return rows[0] if rows else None
+
+
+def load_run(store: Store, run_id: str) -> tuple[RunSummary, list[RequestRecord], dict[str, str | None]]:
+    """(summary, records, {cell_name, experiment_id, run_dir}) of a stored run."""
+    row = store.db.execute("SELECT summary, cell_name, experiment_id, run_dir FROM runs WHERE run_id = ?",
+                           (run_id,)).fetchone()
+    if row is None:
+        raise UserError(f"no run '{run_id}' in the store {store.path}", hint="`servelab runs` lists them")
+    summary = RunSummary.model_validate_json(row["summary"])
+    records = [RequestRecord.model_validate_json(r[0]) for r in
+               store.db.execute("SELECT record FROM records WHERE run_id = ? ORDER BY seq", (run_id,))]
+    return summary, records, {"cell_name": row["cell_name"], "experiment_id": row["experiment_id"],
+                              "run_dir": row["run_dir"]}
