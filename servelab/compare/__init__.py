@@ -1,0 +1,1 @@
+"""Comparing runs: key figures side by side, bootstrap intervals, verdicts, comparability warnings."""

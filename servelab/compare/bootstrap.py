@@ -1,0 +1,145 @@
+"""Bootstrap confidence intervals for servelab's figures (method: docs/metrics.md#comparing-runs).
+
+Each figure is re-computed on resampled data by the same definition that produced it:
+- a median over requests (single-stream decode tok/s, TTFT): resample requests with replacement;
+- the per-token ITL median, whose samples come in clusters (one per request, and tokens of one request are not
+  independent): resample whole requests and pool their gaps;
+- aggregate output tok/s of a load level: resample equal-width time bins of the level's window (token counts
+  per bin), the mean rate of the resampled bins being the throughput of the resample.
+
+Two runs are resampled independently; the interval of their ratio is the percentile interval of the ratios of
+paired draws. Draws come from a fixed seed, so the same data always gives the same interval.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from servelab.bench.metrics import percentile
+
+RESAMPLES = 1000
+CONFIDENCE = 0.95
+SEED = 20240613  # any fixed value: reproducible intervals, not a tuned one
+
+
+class Resampler:
+    """A figure's data with its definition: `point()` is the figure, `draw(rng)` the figure of one resample."""
+
+    n: int  # independent units resampled (requests, or time bins)
+
+    def point(self) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def draw(self, rng: random.Random) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass
+class MedianOf(Resampler):
+    """The median of one value per request."""
+
+    values: Sequence[float]
+
+    def __post_init__(self) -> None:
+        self.n = len(self.values)
+
+    def point(self) -> float:
+        return percentile(sorted(self.values), 50)
+
+    def draw(self, rng: random.Random) -> float:
+        return percentile(sorted(rng.choices(self.values, k=self.n)), 50)
+
+
+@dataclass
+class PooledMedian(Resampler):
+    """The median of samples pooled over requests, resampling whole requests (a cluster bootstrap)."""
+
+    groups: Sequence[Sequence[float]]
+
+    def __post_init__(self) -> None:
+        self.groups = [g for g in self.groups if g]
+        self.n = len(self.groups)
+
+    def point(self) -> float:
+        return percentile(sorted(v for g in self.groups for v in g), 50)
+
+    def draw(self, rng: random.Random) -> float:
+        pooled = [v for g in rng.choices(self.groups, k=self.n) for v in g]
+        return percentile(sorted(pooled), 50)
+
+
+@dataclass
+class BinnedRate(Resampler):
+    """Tokens per second over a window split into equal bins: the mean of the per-bin counts over the bin width.
+    `scale` ties the resampled rates to the reported figure when the bins' total differs from it by edge tokens."""
+
+    counts: Sequence[int]
+    bin_s: float
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.n = len(self.counts)
+
+    def point(self) -> float:
+        return sum(self.counts) / (self.n * self.bin_s) * self.scale
+
+    def draw(self, rng: random.Random) -> float:
+        return sum(rng.choices(self.counts, k=self.n)) / (self.n * self.bin_s) * self.scale
+
+
+def time_bins(times_ns: Sequence[tuple[int, int]], start_ns: int, window_s: float) -> tuple[list[int], float]:
+    """Token counts in equal bins over [start, start + window): about one bin per second, at least 10 bins (a
+    5-second level gets 0.5-second bins), so even a short level has units to resample. `times_ns` holds
+    (event time, tokens); events outside the window are not counted, as in output tok/s."""
+    n_bins = max(10, round(window_s))
+    bin_ns = window_s * 1e9 / n_bins
+    counts = [0] * n_bins
+    end_ns = start_ns + window_s * 1e9
+    for t, tokens in times_ns:
+        if start_ns <= t <= end_ns:
+            counts[min(int((t - start_ns) / bin_ns), n_bins - 1)] += tokens
+    return counts, bin_ns / 1e9
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    high: float
+
+
+def draws(sampler: Resampler, rng: random.Random, resamples: int = RESAMPLES) -> list[float]:
+    return [sampler.draw(rng) for _ in range(resamples)]
+
+
+def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval | None:
+    finite = sorted(v for v in values if math.isfinite(v))
+    if not finite:
+        return None
+    tail = (1 - confidence) / 2 * 100
+    return Interval(percentile(finite, tail), percentile(finite, 100 - tail))
+
+
+def figure_interval(sampler: Resampler, key: str) -> Interval | None:
+    """The interval of one run's figure."""
+    if sampler.n < 2:
+        return None
+    return interval(draws(sampler, random.Random(f"{SEED}:{key}")))
+
+
+def ratio_interval(candidate: Resampler, baseline: Resampler | float, key: str) -> Interval | None:
+    """The interval of candidate / baseline. A literal baseline (a float) has no noise of its own: the interval
+    then reflects only the candidate's."""
+    if candidate.n < 2:
+        return None
+    rng = random.Random(f"{SEED}:{key}:ratio")
+    mine = draws(candidate, rng)
+    if isinstance(baseline, Resampler):
+        if baseline.n < 2:
+            return None
+        theirs = draws(baseline, rng)
+    else:
+        theirs = [baseline] * len(mine)
+    return interval([a / b for a, b in zip(mine, theirs) if b])

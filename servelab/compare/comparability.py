@@ -1,0 +1,54 @@
+"""Can these runs be compared at all? Warnings, never refusals: the user decides, knowing what differs.
+
+Two runs measured with different workloads (lengths, sampling, ignore_eos, endpoint, tokenizer) or counted
+differently (server per-chunk counts vs one token per chunk) differ for reasons other than the servers. A run
+whose configuration carries a serious lint finding measures the misconfiguration, not what the engine can do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servelab.compare.sources import RunData
+
+# What describes the server rather than the workload: expected to differ between cells.
+NOT_WORKLOAD = {"engine_detected"}
+# Headline figures whose `counted_by` says how their tokens were counted.
+COUNTED = ("single.decode_tok_s", "peak.output_tok_s")
+
+
+def workload_of(run: RunData) -> dict[str, Any]:
+    """The workload as sent, merged over the run's bench steps (single and sweep share one in `servelab run`)."""
+    merged: dict[str, Any] = {}
+    for bench in run.benches:
+        for key, value in bench.workload.items():
+            if key not in NOT_WORKLOAD:
+                merged.setdefault(key, value)
+    return merged
+
+
+def comparability_warnings(baseline: RunData, others: list[RunData]) -> list[str]:
+    warnings: list[str] = []
+    for run in [baseline, *others]:
+        for finding in run.serious:
+            warnings.append(f"{run.name} is NOT REPRESENTATIVE: {finding.setting}: {finding.why}")
+        if run.status != "complete" and not run.literal:
+            warnings.append(f"{run.name} did not complete (status {run.status}): its figures may be partial")
+    if baseline.literal:
+        warnings.append(f"the baseline {baseline.name} is literal figures: no records, so no interval on its side "
+                        f"and no workload to check the others against")
+    base_workload = workload_of(baseline)
+    for run in others:
+        if run.literal or baseline.literal:
+            continue
+        theirs = workload_of(run)
+        diffs = [f"{key} {base_workload.get(key)!r} vs {theirs.get(key)!r}"
+                 for key in sorted(set(base_workload) | set(theirs)) if base_workload.get(key) != theirs.get(key)]
+        if diffs:
+            warnings.append(f"workloads differ between {baseline.name} and {run.name}: " + "; ".join(diffs))
+        for key in COUNTED:
+            a, b = baseline.headline.get(key), run.headline.get(key)
+            if a and b and a.counted_by != b.counted_by:
+                warnings.append(f"{key}: tokens counted by {a.counted_by} for {baseline.name} but by "
+                                f"{b.counted_by} for {run.name}")
+    return warnings

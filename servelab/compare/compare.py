@@ -1,0 +1,187 @@
+"""`compare`: key figures side by side, ratios to the baseline with bootstrap intervals, and a verdict per figure.
+
+The first run is the baseline. A verdict is direction-aware (more tok/s is better, fewer ms is better) and only
+says better or worse when the whole 95 % interval of the ratio lies on one side of 1; otherwise the difference is
+within noise. Method and caveats: docs/metrics.md#comparing-runs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from servelab import SCHEMA_VERSION
+from servelab.compare.bootstrap import CONFIDENCE, RESAMPLES, Interval, figure_interval, ratio_interval
+from servelab.compare.comparability import comparability_warnings
+from servelab.compare.metrics import KEY_METRICS, KeyMetric
+from servelab.compare.sources import RunData
+from servelab.errors import UserError
+
+Verdict = Literal["baseline", "better", "worse", "within noise", "no interval", "missing"]
+
+
+class FigureCell(BaseModel):
+    value: float | None
+    ci: tuple[float, float] | None = None  # the figure's own 95 % interval
+    n: int | None = None  # units resampled: requests, or time bins for throughput
+
+
+class RatioCell(BaseModel):
+    ratio: float | None
+    ci: tuple[float, float] | None = None  # 95 % interval of the ratio to the baseline
+    verdict: Verdict
+
+
+class Row(BaseModel):
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool
+    definition: str
+    figures: list[FigureCell]  # one per run, the baseline first
+    ratios: list[RatioCell]  # one per run, the baseline's says "baseline"
+
+
+class RunRef(BaseModel):
+    name: str
+    ref: str
+    status: str
+    literal: bool
+    representative: bool
+    serious: list[str] = Field(default_factory=list)
+
+
+class Comparison(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    baseline: str
+    runs: list[RunRef]
+    rows: list[Row]
+    warnings: list[str] = Field(default_factory=list)
+    verdicts: list[str] = Field(default_factory=list)  # one sentence per finding, for people
+    method: str = (f"bootstrap, {RESAMPLES} resamples, {CONFIDENCE:.0%} percentile intervals; requests resampled "
+                   f"for per-request figures, time bins for throughput (docs/metrics.md#comparing-runs)")
+
+
+class NoCommonMetrics(UserError):
+    pass
+
+
+def compare_runs(runs: list[RunData]) -> Comparison:
+    """Compare runs[1:] to runs[0]. Raises NoCommonMetrics when no key figure is in the baseline and another run."""
+    if len(runs) < 2:
+        raise UserError("compare needs at least two runs (or a run and --baseline figures)")
+    _unique_names(runs)
+    baseline, others = runs[0], runs[1:]
+    samplers = [{k: (metric.resampler(run) if metric.resampler and not run.literal else None)
+                 for k, metric in KEY_METRICS.items()} for run in runs]
+    rows: list[Row] = []
+    for key, metric in KEY_METRICS.items():
+        if _value(baseline, key) is None or all(_value(run, key) is None for run in others):
+            continue
+        figures = [_figure_cell(run, key, samplers[i][key]) for i, run in enumerate(runs)]
+        ratios = [RatioCell(ratio=1.0, verdict="baseline")]
+        for i, run in enumerate(others, start=1):
+            ratios.append(_ratio_cell(metric, baseline, run, samplers[0][key], samplers[i][key]))
+        rows.append(Row(key=key, label=metric.label, unit=metric.unit, higher_is_better=metric.higher_is_better,
+                        definition=metric.definition, figures=figures, ratios=ratios))
+    if not rows:
+        names = ", ".join(r.name for r in others)
+        raise NoCommonMetrics(f"no common metrics: {baseline.name} and {names} share none of "
+                              f"{', '.join(KEY_METRICS)}")
+    comparison = Comparison(
+        baseline=baseline.name, rows=rows, warnings=comparability_warnings(baseline, others),
+        runs=[RunRef(name=r.name, ref=r.ref, status=r.status, literal=r.literal, representative=not r.serious,
+                     serious=[f"{f.setting}: {f.why}" for f in r.serious]) for r in runs])
+    for i, run in enumerate(others, start=1):
+        if not any(row.figures[i].value is not None for row in rows):
+            comparison.warnings.append(f"{run.name} has none of the figures the baseline has")
+    comparison.verdicts = verdict_sentences(comparison)
+    return comparison
+
+
+def _unique_names(runs: list[RunData]) -> None:
+    """Two runs of the same cell (two experiments) would share a label: add their refs."""
+    names = [r.name for r in runs]
+    for run in runs:
+        if names.count(run.name) > 1:
+            run.name = f"{run.name} ({run.ref})"
+
+
+def _value(run: RunData, key: str) -> float | None:
+    fig = run.headline.get(key)
+    return fig.value if fig is not None else None
+
+
+def _figure_cell(run: RunData, key: str, sampler) -> FigureCell:
+    ci = figure_interval(sampler, f"{run.ref}:{key}") if sampler is not None else None
+    return FigureCell(value=_value(run, key), ci=(ci.low, ci.high) if ci else None,
+                      n=sampler.n if sampler is not None else None)
+
+
+def _ratio_cell(metric: KeyMetric, baseline: RunData, run: RunData, base_sampler, sampler) -> RatioCell:
+    base, value = _value(baseline, metric.key), _value(run, metric.key)
+    if base is None or value is None or base == 0:
+        return RatioCell(ratio=None, verdict="missing")
+    ci: Interval | None = None
+    if sampler is not None:
+        if baseline.literal:
+            ci = ratio_interval(sampler, base, f"{baseline.ref}:{run.ref}:{metric.key}")
+        elif base_sampler is not None:
+            ci = ratio_interval(sampler, base_sampler, f"{baseline.ref}:{run.ref}:{metric.key}")
+    return RatioCell(ratio=value / base, ci=(ci.low, ci.high) if ci else None, verdict=judge(ci, metric))
+
+
+def judge(ci: Interval | None, metric: KeyMetric) -> Verdict:
+    if ci is None:
+        return "no interval"
+    if ci.low > 1:
+        return "better" if metric.higher_is_better else "worse"
+    if ci.high < 1:
+        return "worse" if metric.higher_is_better else "better"
+    return "within noise"
+
+
+def regressions(comparison: Comparison, pct: float) -> list[str]:
+    """Figures worse than the baseline by more than `pct` percent beyond noise: the interval's bound nearest to no
+    change is itself past the threshold. A figure without an interval is judged on its value (and says so)."""
+    found: list[str] = []
+    for row in comparison.rows:
+        for run, cell in zip(comparison.runs[1:], row.ratios[1:]):
+            if cell.ratio is None:
+                continue
+            if row.higher_is_better:
+                nearest = cell.ci[1] if cell.ci else cell.ratio
+                regressed = nearest < 1 - pct / 100
+            else:
+                nearest = cell.ci[0] if cell.ci else cell.ratio
+                regressed = nearest > 1 + pct / 100
+            if regressed:
+                change = abs(1 - nearest) * 100
+                basis = "even at the edge of its 95 % interval" if cell.ci else "no interval: judged on the value"
+                found.append(f"{run.name}: {row.label} is {change:.1f} % worse than {comparison.baseline} "
+                             f"({basis}; threshold {pct:g} %)")
+    return found
+
+
+def verdict_sentences(comparison: Comparison) -> list[str]:
+    """What a person should take away: each run's figures that differ beyond noise, and which runs are not
+    representative."""
+    out: list[str] = []
+    for i, run in enumerate(comparison.runs[1:], start=1):
+        parts = []
+        for row in comparison.rows:
+            cell = row.ratios[i]
+            if cell.verdict in ("better", "worse", "within noise") and cell.ratio is not None:
+                lo, hi = cell.ci  # type: ignore[misc]  # set whenever the verdict is one of these
+                parts.append(f"{row.label}: {cell.verdict} (×{cell.ratio:.2f}, 95 % CI ×{lo:.2f}–×{hi:.2f})")
+        peak = next((row.ratios[i] for row in comparison.rows if row.key == "peak.output_tok_s"), None)
+        if peak is not None and peak.verdict in ("better", "worse"):
+            faster = "faster" if peak.verdict == "better" else "slower"
+            out.append(f"{run.name} is {faster} than {comparison.baseline} at peak: ×{peak.ratio:.2f} output tok/s")
+        if parts:
+            out.append(f"{run.name} vs {comparison.baseline}: " + "; ".join(parts))
+    for run in comparison.runs:
+        if not run.representative:
+            out.append(f"{run.name} is NOT REPRESENTATIVE ({'; '.join(run.serious)})")
+    return out

@@ -1,0 +1,101 @@
+"""The figures `compare` sets side by side, which way is better for each, and the data to resample them from.
+
+Each key is a headline key of a run (the figure itself comes from the run, unchanged); `resampler` rebuilds the
+same figure from the run's per-request records so bootstrap.py can put an interval around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from servelab.bench import metrics as m
+from servelab.compare.bootstrap import BinnedRate, MedianOf, PooledMedian, Resampler, time_bins
+from servelab.compare.sources import RunData
+from servelab.records import Summary
+
+
+@dataclass(frozen=True)
+class KeyMetric:
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool
+    definition: str  # anchor in docs/metrics.md
+    resampler: Callable[[RunData], Resampler | None] | None = None
+
+
+def single_level(run: RunData) -> Summary | None:
+    """The level the `single.*` headline figures come from: the single-stream run, else a sweep's concurrency 1
+    (as bench/runner.py `headline` picks it)."""
+    if run.single is not None:
+        level = next((s for s in run.single.levels if s.mode == "single"), None)
+        if level is not None:
+            return level
+    levels = run.sweep.levels if run.sweep else []
+    return next((s for s in levels if s.mode == "single"), None) or next(
+        (s for s in levels if s.mode == "concurrency" and s.concurrency == 1), None)
+
+
+def peak_level(run: RunData) -> Summary | None:
+    """The level `peak.output_tok_s` was reached at: the one with the highest output tok/s among the levels the
+    headline chose from (concurrency levels, else offered-rate levels)."""
+    levels = run.sweep.levels if run.sweep else []
+    for mode in ("concurrency", "rate"):
+        candidates = [s for s in levels if s.mode == mode and s.figures.get("output_tok_s")
+                      and s.figures["output_tok_s"].value]
+        if candidates:
+            return max(candidates, key=lambda s: s.figures["output_tok_s"].value or 0.0)
+    return None
+
+
+def _per_request(value: Callable) -> Callable[[RunData], Resampler | None]:
+    def build(run: RunData) -> Resampler | None:
+        level = single_level(run)
+        if level is None:
+            return None
+        values = [v for v in (value(r) for r in run.records_of(level.tag)) if v is not None]
+        return MedianOf(values) if values else None
+    return build
+
+
+def _itl(run: RunData) -> Resampler | None:
+    level = single_level(run)
+    if level is None:
+        return None
+    groups = [m.token_gaps_ms(r) for r in run.records_of(level.tag)]
+    sampler = PooledMedian(groups)
+    return sampler if sampler.n else None
+
+
+def _peak_throughput(run: RunData) -> Resampler | None:
+    level = peak_level(run)
+    records = run.records_of(level.tag) if level else []
+    if level is None or not records or level.window_s <= 0:
+        return None
+    # The level's window began at its first send (bench/loads: the level starts, then the first request goes);
+    # the figure is tokens received inside it over its length.
+    start = min(r.t_send_ns for r in records)
+    counts, bin_s = time_bins([(e.t_ns, e.tokens) for r in records for e in r.events], start, level.window_s)
+    if not sum(counts):
+        return None
+    reported = level.figures["output_tok_s"].value or 0.0
+    observed = sum(counts) / level.window_s
+    return BinnedRate(counts, bin_s, scale=reported / observed if observed else 1.0)
+
+
+def _ms(ns: int | None) -> float | None:
+    return ns / m.NS_PER_MS if ns is not None else None
+
+
+_LIST = [
+    KeyMetric("single.decode_tok_s", "single-stream decode tok/s (p50)", "tok/s", True, "decode-tok-s",
+              _per_request(m.decode_tok_s)),
+    KeyMetric("single.ttft_ms", "single-stream TTFT ms (p50)", "ms", False, "ttft",
+              _per_request(lambda r: _ms(m.ttft_ns(r)))),
+    KeyMetric("single.itl_ms", "single-stream ITL ms (p50)", "ms", False, "itl", _itl),
+    KeyMetric("peak.output_tok_s", "peak output tok/s", "tok/s", True, "peak-output-tok-s", _peak_throughput),
+    # Goodput exists when the bench had SLO targets (an SLO search); compared as a figure, without an interval.
+    KeyMetric("slo.goodput_req_s", "goodput req/s (SLO search)", "req/s", True, "goodput"),
+]
+KEY_METRICS: dict[str, KeyMetric] = {k.key: k for k in _LIST}
