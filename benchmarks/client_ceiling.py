@@ -79,7 +79,7 @@ def aiperf_level(aiperf: str, url: str, conc: int, n_requests: int, osl: int, to
            "--tokenizer", str(tokenizer_dir), "--concurrency", str(conc), "--request-count", str(n_requests),
            "--isl", "8", "--osl", str(osl), "--use-server-token-count", "--artifact-dir", str(out), "--ui", "none"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    found = list(out.rglob("*aiperf*.json"))
+    found = list(out.rglob("profile_export_aiperf.json"))
     if proc.returncode != 0 or not found:
         raise RuntimeError(f"aiperf failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-500:]}")
     data = json.loads(found[0].read_text())

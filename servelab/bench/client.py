@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 
 from servelab.bench.chunks import error_message, read_chunk
 from servelab.bench.sse import SSEDecodeError, SSEParser
@@ -45,6 +46,41 @@ class RequestSpec:
     warmup: bool = False
     input_tokens: int | None = None
     headers: dict[str, str] = field(default_factory=dict)  # per-request headers (e.g. a calibration id)
+
+
+class _StreamState:
+    """What the hot loop accumulates for one stream. A plain slotted object: setting a pydantic field costs
+    ~10x more, and this is touched once per event."""
+
+    __slots__ = ("chunks", "usage", "finish_reason", "events", "saw_done")
+
+    def __init__(self) -> None:
+        self.chunks: list[RawChunk] = []
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
+        self.events = 0  # SSE data events, [DONE] excluded
+        self.saw_done = False
+
+    def on_event(self, data: str, now_ns: int) -> bool:
+        """Handle one SSE event; True when the stream is finished ([DONE])."""
+        if data == "[DONE]":
+            self.saw_done = True
+            return True
+        self.events += 1
+        try:
+            obj = orjson.loads(data)  # ~3x faster than json on these small objects: the client's biggest cost
+        except orjson.JSONDecodeError:
+            raise _Failure("parse", f"event is not JSON: {data[:_EXCERPT]!r}") from None
+        view = read_chunk(obj)
+        if view.error is not None:
+            raise _Failure("in_band", view.error)
+        if view.usage is not None:
+            self.usage = view.usage
+        if view.finish_reason is not None:
+            self.finish_reason = view.finish_reason
+        if view.answer or view.reasoning or view.running_count is not None:
+            self.chunks.append(RawChunk(now_ns, view.answer, view.reasoning, view.running_count))
+        return False
 
 
 @dataclass
@@ -110,28 +146,29 @@ class StreamClient:
         record = RequestRecord(index=spec.index, tag=spec.tag, warmup=spec.warmup, endpoint=spec.endpoint,
                                input_tokens=spec.input_tokens, max_tokens=body.get("max_tokens"),
                                sampling=sampling, scheduled_ns=scheduled_ns, t_send_ns=time.perf_counter_ns())
-        chunks: list[RawChunk] = []
-        usage: Usage | None = None
+        state = _StreamState()
         try:
-            usage = await self._stream(payload, spec.endpoint, record, chunks, spec.headers)
-            record.ok = record.error_kind is None
+            await self._stream(payload, spec.endpoint, record, state, spec.headers)
+            record.ok = True
         except _Failure as f:
             record.error_kind, record.error_detail, record.http_status = f.kind, f.detail, f.status or \
                 record.http_status
         finally:
             if record.t_end_ns is None:
                 record.t_end_ns = time.perf_counter_ns()
-        record.usage = usage
-        record.events, record.count_method = count_tokens(chunks, usage)
+            record.chunks, record.saw_done, record.finish_reason = state.events, state.saw_done, \
+                state.finish_reason
+        record.usage = state.usage
+        record.events, record.count_method = count_tokens(state.chunks, state.usage)
         return record
 
-    async def _stream(self, payload: bytes, endpoint: str, record: RequestRecord,
-                      chunks: list[RawChunk], headers: dict[str, str]) -> Usage | None:
+    async def _stream(self, payload: bytes, endpoint: str, record: RequestRecord, state: _StreamState,
+                      headers: dict[str, str]) -> None:
         d = self.options.deadlines
         loop = asyncio.get_running_loop()
         start = loop.time()
         first_byte_deadline, total_deadline = start + d.first_byte_s, start + d.total_s
-        usage: Usage | None = None
+        chunks = state.chunks
 
         def next_deadline() -> tuple[float, ErrorKind]:
             # Until the first token: the first-byte deadline (a role chunk sent with the headers does not end it:
@@ -161,16 +198,16 @@ class StreamClient:
                         now_ns = time.perf_counter_ns()
                         if not data:  # end of body
                             for ev in parser.close():
-                                done, usage = self._event(ev.data, now_ns, chunks, record, usage)
-                            if not done and record.finish_reason is None:
-                                raise _Failure("disconnect", f"connection closed after {record.chunks} events, "
+                                done = state.on_event(ev.data, now_ns)
+                            if not done and state.finish_reason is None:
+                                raise _Failure("disconnect", f"connection closed after {state.events} events, "
                                                              "before any finish_reason or [DONE]")
                             # A clean end after finish_reason is a complete answer even without [DONE]
                             # (transformers serve never sends it); `saw_done` keeps the deviation visible.
                             break
                         for ev in parser.feed(data):
-                            done, usage = self._event(ev.data, now_ns, chunks, record, usage)
-                            if done:
+                            if state.on_event(ev.data, now_ns):
+                                done = True
                                 break
                         limit, phase = next_deadline()
                         guard.reschedule(limit)
@@ -178,43 +215,19 @@ class StreamClient:
         except TimeoutError:
             waited = loop.time() - start
             raise _Failure(phase, f"{phase.removeprefix('timeout_').replace('_', ' ')} deadline passed after "
-                                  f"{waited:.1f}s ({record.chunks} events received)") from None
+                                  f"{waited:.1f}s ({state.events} events received)") from None
         except aiohttp.ClientConnectorError as exc:
             raise _Failure("timeout_connect" if isinstance(exc, aiohttp.ConnectionTimeoutError) else "connect",
                            f"cannot connect: {exc.os_error or exc}") from None
         except aiohttp.ConnectionTimeoutError as exc:
             raise _Failure("timeout_connect", f"connect deadline passed: {exc}") from None
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            raise _Failure("disconnect", f"connection lost after {record.chunks} events: "
+            raise _Failure("disconnect", f"connection lost after {state.events} events: "
                                          f"{type(exc).__name__}: {exc}") from None
         except aiohttp.ClientResponseError as exc:
             raise _Failure("http", f"HTTP {exc.status}: {exc.message}", exc.status) from None
         except SSEDecodeError as exc:
             raise _Failure("parse", str(exc)) from None
-        return usage
-
-    @staticmethod
-    def _event(data: str, now_ns: int, chunks: list[RawChunk], record: RequestRecord,
-               usage: Usage | None) -> tuple[bool, Usage | None]:
-        """Handle one SSE event; returns (stream finished, usage so far)."""
-        if data == "[DONE]":
-            record.saw_done = True
-            return True, usage
-        record.chunks += 1
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            raise _Failure("parse", f"event is not JSON: {data[:_EXCERPT]!r}") from None
-        view = read_chunk(obj)
-        if view.error is not None:
-            raise _Failure("in_band", view.error)
-        if view.usage is not None:
-            usage = view.usage
-        if view.finish_reason is not None:
-            record.finish_reason = view.finish_reason
-        if view.answer or view.reasoning or view.running_count is not None:
-            chunks.append(RawChunk(now_ns, view.answer, view.reasoning, view.running_count))
-        return False, usage
 
 
 async def _error_text(resp: aiohttp.ClientResponse) -> str:

@@ -10,15 +10,14 @@ It follows the WHATWG event-stream rules where engines rely on them and tolerate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class SSEDecodeError(ValueError):
     """An event's data was not valid UTF-8."""
 
 
-@dataclass(frozen=True, slots=True)
-class SSEEvent:
+class SSEEvent(NamedTuple):  # a tuple: the cheapest immutable record to build once per event
     data: str
     event: str | None = None
     id: str | None = None
@@ -49,8 +48,19 @@ class SSEParser:
         lines = buf.split(b"\n")
         self._tail = lines.pop()
         events: list[SSEEvent] = []
+        data = self._data
         for line in lines:
-            self._line(line, events)
+            # The two lines every OpenAI stream is made of, handled inline (this runs once per line).
+            if not line:
+                if data:
+                    self._dispatch(events)
+                    data = self._data
+                else:
+                    self._event = None
+            elif line.startswith(b"data:"):
+                data.append(line[6:] if line[5:6] == b" " else line[5:])
+            else:
+                self._line(line, events)
         return events
 
     def close(self) -> list[SSEEvent]:
