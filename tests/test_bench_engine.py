@@ -62,3 +62,30 @@ def test_completions_endpoint_counts_too(embedded_server) -> None:
     assert result.levels[0].ok == 1
     # llama.cpp's completions endpoint puts usage inside the finish chunk, not in a separate one
     assert records[0].output_tokens == records[0].usage.completion_tokens == 16
+
+
+def test_client_tokenizer_counts_equal_server_usage_on_the_real_engine(embedded_server) -> None:
+    """Without per-chunk counts, the server's own tokenizer (llama.cpp /tokenize with pieces) recounts the text
+    after the run; the counts must equal the server's usage, event by event summing to completion_tokens."""
+    import asyncio
+
+    from servelab.bench.client import ClientOptions, RequestSpec, StreamClient
+    from servelab.bench.tokenizer import LlamaCppServerTokenizer
+    from servelab.bench.tokens import recount_with_tokenizer
+
+    url = embedded_server["url"]
+
+    async def go():
+        async with StreamClient(url, ClientOptions()) as client:  # no timings_per_token: no running counts
+            records = [await client.send(RequestSpec(
+                endpoint="/v1/chat/completions",
+                body={"model": "smollm2", "max_tokens": 40, "temperature": 0, "ignore_eos": True,
+                      "messages": [{"role": "user", "content": f"Write a poem about the number {i}."}]}))
+                for i in range(2)]
+        assert all(r.count_method == "chunk_count" for r in records)
+        await recount_with_tokenizer(records, LlamaCppServerTokenizer(url))
+        return records
+
+    for r in asyncio.run(go()):
+        assert r.ok and r.count_method == "client_tokenizer"
+        assert r.output_tokens == r.usage.completion_tokens == 40
