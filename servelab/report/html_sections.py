@@ -1,0 +1,123 @@
+"""The report's tables, as HTML fragments. Every value passes through `e` (html.escape) on its way in."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from servelab.compare.compare import Comparison
+from servelab.compare.sources import RunData
+from servelab.report.terminal import fmt
+
+_VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise", "no interval": "warn",
+                  "missing": "dim", "baseline": "dim"}
+HEADLINE_KEYS = ["single.decode_tok_s", "single.output_tok_s", "single.ttft_ms", "single.itl_ms", "single.tpot_ms",
+                 "single.e2e_ms", "peak.output_tok_s", "peak.concurrency", "peak.request_s"]
+
+
+def e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _table(head: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+    """`rows` hold HTML that is already escaped (cells built with `e`)."""
+    out = ["<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>"]
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td class=\"num\">{c}</td>" if i in numeric else f"<td>{c}</td>"
+                                    for i, c in enumerate(row)) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def comparison_section(c: Comparison) -> str:
+    parts = [f"<h2>Comparison (baseline: {e(c.baseline)})</h2>"]
+    if c.verdicts:
+        parts.append("<ul>" + "".join(
+            f"<li class=\"{'serious' if 'NOT REPRESENTATIVE' in v else ''}\">{e(v)}</li>" for v in c.verdicts)
+            + "</ul>")
+    head = ["figure"] + [r.name + (" (literal)" if r.literal else "") + ("" if r.representative else " ⚠ not "
+                                                                          "representative") for r in c.runs]
+    rows = []
+    for row in c.rows:
+        cells = [e(row.label + (" ↑" if row.higher_is_better else " ↓"))]
+        for fig, ratio in zip(row.figures, row.ratios):
+            if fig.value is None:
+                cells.append("–")
+                continue
+            text = e(fmt(fig.value, 2 if row.unit == "req/s" else 1))
+            if fig.ci:
+                text += f" <span class=\"dim\">[{e(fmt(fig.ci[0]))}–{e(fmt(fig.ci[1]))}]</span>"
+            if ratio.verdict != "baseline" and ratio.ratio is not None:
+                text += f"<br>×{ratio.ratio:.2f}"
+                if ratio.ci:
+                    text += f" <span class=\"dim\">[{ratio.ci[0]:.2f}–{ratio.ci[1]:.2f}]</span>"
+                text += f" <span class=\"{_VERDICT_CLASS[ratio.verdict]}\">{e(ratio.verdict)}</span>"
+            cells.append(text)
+        rows.append(cells)
+    parts.append(_table(head, rows, numeric=set(range(1, len(head)))))
+    parts.append(f"<p class=\"dim\">↑ higher is better, ↓ lower is better; [..] 95 % intervals. {e(c.method)}</p>")
+    if c.warnings:
+        parts.append("<ul>" + "".join(f"<li class=\"warn\">{e(w)}</li>" for w in c.warnings) + "</ul>")
+    return "\n".join(parts)
+
+
+def run_section(run: RunData, answers: list[str]) -> str:
+    parts = [f"<h2>Run {e(run.name)} <span class=\"dim\">({e(run.ref)}, {e(run.status)})</span></h2>"]
+    if run.error:
+        parts.append(f"<p class=\"fail\">failed: {e(run.error)}</p>")
+    if run.serious:
+        parts.append("<p class=\"banner\">NOT REPRESENTATIVE: a serious configuration finding applies to these "
+                     "numbers</p>")
+    head = [[e(k), e(fmt(run.headline[k].value, 2)), e(run.headline[k].unit),
+             e(", ".join(x for x in (run.headline[k].counted_by, run.headline[k].note) if x))]
+            for k in HEADLINE_KEYS if k in run.headline]
+    if head:
+        parts.append(_table(["figure", "value", "unit", "counted by / note"], head, numeric={1}))
+    levels = []
+    for s in run.levels:
+        f = s.figures
+        levels.append([e(s.tag), e(f"{s.ok}/{s.requests}"), e(fmt(_v(f, "output_tok_s"))),
+                       e(fmt(_v(f, "decode_tok_s"))), e(fmt(_p(f, "ttft_ms", "p50"))), e(fmt(_p(f, "ttft_ms", "p99"))),
+                       e(fmt(_p(f, "itl_ms", "p50"))), e(fmt(_p(f, "itl_ms", "p99"))), e(fmt(s.window_s, 2))])
+    if levels:
+        parts.append("<h3>Levels</h3>" + _table(
+            ["level", "ok/sent", "output tok/s", "decode tok/s p50", "TTFT ms p50", "TTFT p99", "ITL ms p50",
+             "ITL p99", "window s"], levels, numeric=set(range(1, 9))))
+    if run.launch is not None:
+        phases = [[e(p.name), e(fmt(p.start_s, 2)), e(fmt(p.end_s, 2)), e(p.detail)] for p in run.launch.phases]
+        parts.append(f"<h3>Start-up</h3><p>{e(run.launch.engine)}: {e(run.launch.verdict.state)} "
+                     f"— {e(run.launch.verdict.reason)}</p>" + _table(["phase", "start s", "end s", "detail"], phases,
+                                                                     numeric={1, 2}))
+        lint = [[f"<span class=\"{'serious' if f.severity == 'serious' else f.severity}\">{e(f.severity)}</span>",
+                 e(f.setting), e(f.why)] for f in run.launch.lint]
+        parts.append("<h3>Lint</h3>" + (_table(["severity", "setting", "why"], lint) if lint
+                                        else "<p class=\"dim\">no findings</p>"))
+    if run.verify is not None:
+        checks = [[e(c.id), f"<span class=\"{e(c.outcome)}\">{e(c.outcome.upper())}</span>", e(c.reason),
+                   f"<pre>{e(c.response_excerpt)}</pre>" if c.response_excerpt else ""] for c in run.verify.checks]
+        parts.append("<h3>Verify</h3>" + _table(["check", "result", "why", "response excerpt"], checks))
+    if answers:
+        parts.append("<h3>Sample answers (single-stream)</h3>" + "".join(
+            f"<pre class=\"answer\">{e(a[:1000])}</pre>" for a in answers))
+    if run.provenance is not None:
+        p = run.provenance
+        host = p.host
+        rows = [["engine", e(p.engine_version or p.engine)], ["command", e(" ".join(p.command or []))],
+                ["model", e(p.model_path or p.model)], ["model size", e(p.model_size_bytes)],
+                ["started at", e(p.started_at)], ["servelab", e(f"{p.servelab_version} {p.servelab_git_revision or ''}")]]
+        if host is not None:
+            rows.append(["host", e(f"{host.cpu_model} ({host.cpu_cores_logical} CPUs), "
+                                   f"{(host.ram_bytes or 0) / 2**30:.0f} GiB RAM, {len(host.gpus)} GPU(s)")])
+        rows += [[e(f"env {k}"), e(v)] for k, v in sorted(p.env.items())]
+        parts.append("<h3>Provenance</h3>" + _table(["", ""], rows))
+    return "\n".join(parts)
+
+
+def _v(figures: dict, name: str) -> float | None:
+    fig = figures.get(name)
+    return fig.value if fig else None
+
+
+def _p(figures: dict, name: str, stat: str) -> float | None:
+    fig = figures.get(name)
+    return getattr(fig.dist, stat) if fig and fig.dist else None

@@ -1,0 +1,181 @@
+"""Compare: bootstrap intervals and verdicts on runs with known differences, literal baselines, comparability
+warnings, the regression gate, and the command line's exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servelab.compare.bootstrap import BinnedRate, MedianOf, figure_interval, ratio_interval, time_bins
+from servelab.compare.compare import NoCommonMetrics, compare_runs, regressions
+from servelab.compare.sources import from_summary, literal_run, load_run_dir
+from servelab.records import Figure
+from servelab.store.rundir import RunDir
+from synthetic_runs import synthetic_run
+
+
+def run(name: str, **kw):
+    summary, records = synthetic_run(name, **kw)
+    return from_summary(summary, records, name, name)
+
+
+def row(comparison, key):
+    return next(r for r in comparison.rows if r.key == key)
+
+
+def test_a_clearly_faster_run_is_better_and_identical_distributions_are_within_noise() -> None:
+    base = run("base", itl_ms=20.0, seed=1)
+    faster = run("faster", itl_ms=10.0, seed=2)  # twice the decode speed
+    same = from_summary(*synthetic_run("base", itl_ms=20.0, seed=1), "same", "same")  # the very same records
+    c = compare_runs([base, faster, same])
+    decode = row(c, "single.decode_tok_s")
+    assert decode.ratios[1].verdict == "better"
+    assert decode.ratios[1].ratio == pytest.approx(2.0, rel=0.05)
+    lo, hi = decode.ratios[1].ci
+    assert lo < decode.ratios[1].ratio < hi and lo > 1
+    assert decode.ratios[2].verdict == "within noise"
+    assert decode.ratios[2].ci[0] < 1 < decode.ratios[2].ci[1]
+    # lower is better for latency: halving ITL is "better", not "worse"
+    assert row(c, "single.itl_ms").ratios[1].verdict == "better"
+    assert row(c, "single.itl_ms").ratios[1].ratio == pytest.approx(0.5, rel=0.05)
+    # the figures themselves are the runs' own headline values, untouched
+    assert decode.figures[1].value == faster.headline["single.decode_tok_s"].value
+    assert decode.figures[1].n == 12
+
+
+def test_the_slot_limited_run_is_worse_at_peak_and_not_representative() -> None:
+    good = run("good", slots=8, seed=1)
+    bad = run("bad", slots=1, seed=2, serious=True)
+    c = compare_runs([good, bad])
+    peak = row(c, "peak.output_tok_s")
+    assert peak.ratios[1].verdict == "worse" and peak.ratios[1].ratio < 0.5
+    # one stream uses one slot either way: single-stream decode does not tell them apart
+    assert row(c, "single.decode_tok_s").ratios[1].verdict == "within noise"
+    assert any("bad is NOT REPRESENTATIVE" in w for w in c.warnings)
+    assert "bad is slower than good at peak" in " ".join(c.verdicts)
+    assert not c.runs[1].representative
+
+
+def test_intervals_narrow_with_more_data_and_reproduce() -> None:
+    few = MedianOf([10.0, 12.0, 11.0, 9.0, 13.0])
+    many = MedianOf([10.0, 12.0, 11.0, 9.0, 13.0] * 20)
+    a, b = figure_interval(few, "k"), figure_interval(many, "k")
+    assert (b.high - b.low) < (a.high - a.low)
+    assert figure_interval(few, "k") == a  # seeded: the same data gives the same interval
+    assert figure_interval(MedianOf([5.0]), "k") is None  # one request: no interval
+
+
+def test_throughput_bins_count_only_the_window() -> None:
+    events = [(1_000_000_000 + i * 100_000_000, 2) for i in range(30)]  # 2 tokens every 0.1 s for 3 s
+    counts, bin_s = time_bins(events, start_ns=1_000_000_000, window_s=2.0)
+    assert len(counts) == 10 and bin_s == pytest.approx(0.2)
+    assert sum(counts) == 2 * 21  # events at 0.0 .. 2.0 s inclusive, as output tok/s counts them
+    sampler = BinnedRate(counts, bin_s)
+    assert sampler.point() == pytest.approx(21.0)
+
+
+def test_literal_baselines_have_no_interval_and_say_so() -> None:
+    ours = run("ours", itl_ms=20.0)  # ~50 tok/s single-stream decode
+    vllm = literal_run("baseline", {"single.decode_tok_s": 82.5, "peak.output_tok_s": 1536})
+    c = compare_runs([vllm, ours])
+    decode = row(c, "single.decode_tok_s")
+    assert decode.figures[0].value == 82.5 and decode.figures[0].ci is None
+    assert decode.ratios[1].verdict == "worse"
+    assert decode.ratios[1].ratio == pytest.approx(ours.headline["single.decode_tok_s"].value / 82.5)
+    # the interval is the candidate's own noise over a fixed number
+    lo, hi = decode.ratios[1].ci
+    own = decode.figures[1].ci
+    assert lo == pytest.approx(own[0] / 82.5, rel=0.02) and hi == pytest.approx(own[1] / 82.5, rel=0.02)
+    assert any("literal" in w and "no interval" in w for w in c.warnings)
+    assert {r.key for r in c.rows} == {"single.decode_tok_s", "peak.output_tok_s"}
+    assert ratio_interval(MedianOf([1.0, 2.0]), 2.0, "k") is not None
+
+
+def test_no_common_metrics_is_said_in_one_line() -> None:
+    only_goodput = literal_run("baseline", {"slo.goodput_req_s": 3.0})
+    with pytest.raises(NoCommonMetrics, match="no common metrics"):
+        compare_runs([only_goodput, run("ours")])
+
+
+def test_workloads_that_differ_are_flagged() -> None:
+    a = run("a")
+    b = run("b")
+    b.single.workload["max_tokens"] = 64
+    b.single.workload["ignore_eos"] = False
+    b.headline["single.decode_tok_s"] = b.headline["single.decode_tok_s"].model_copy(
+        update={"counted_by": "chunk_count"})
+    warnings = " ".join(compare_runs([a, b]).warnings)
+    assert "workloads differ" in warnings and "max_tokens 32 vs 64" in warnings and "ignore_eos" in warnings
+    assert "counted by server_per_chunk for a but by chunk_count for b" in warnings
+    assert "workloads differ" not in " ".join(compare_runs([a, run("c")]).warnings)
+
+
+def test_the_regression_gate_looks_beyond_noise() -> None:
+    base = run("base", itl_ms=20.0, seed=1)
+    slower = run("slower", itl_ms=30.0, seed=2)  # decode ~33 % slower
+    c = compare_runs([base, slower])
+    assert any("single-stream decode tok/s" in line for line in regressions(c, 10))
+    assert not any("single-stream decode tok/s" in line for line in regressions(c, 50))
+    same = compare_runs([base, run("same", itl_ms=20.0, seed=1)])
+    assert regressions(same, 0) == []  # within noise is never a regression, whatever the threshold
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------------------------------
+
+SERVELAB = [sys.executable, "-m", "servelab.cli"]
+
+
+def write_run_dir(root: Path, name: str, **kw) -> Path:
+    summary, records = synthetic_run(name, **kw)
+    rundir = RunDir(root / name)
+    for r in records:
+        rundir.append_record(r)
+    rundir.close()
+    rundir.write_json("summary.json", summary)
+    return rundir.path
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*SERVELAB, *args, "--out", str(cwd / "runs")], capture_output=True, text=True,
+                          timeout=60, cwd=cwd)
+
+
+def test_compare_command_exit_codes(tmp_path: Path) -> None:
+    base = write_run_dir(tmp_path, "base", itl_ms=20.0, seed=1)
+    slower = write_run_dir(tmp_path, "slower", itl_ms=30.0, seed=2)
+    assert load_run_dir(base).headline["single.decode_tok_s"].value > 0
+
+    ok = cli("compare", str(base), str(slower), cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "worse" in ok.stdout and "comparison (baseline: base)" in ok.stdout
+
+    gate = cli("compare", str(base), str(slower), "--fail-on-regression", "10", cwd=tmp_path)
+    assert gate.returncode == 1 and "regression: slower: single-stream decode tok/s" in gate.stderr
+    lenient = cli("compare", str(base), str(slower), "--fail-on-regression", "60", cwd=tmp_path)
+    assert lenient.returncode == 0, lenient.stderr
+
+    literal = cli("compare", str(base), "--baseline", "single.decode_tok_s=82.5", "--baseline",
+                  "peak.output_tok_s=1536", cwd=tmp_path)
+    assert literal.returncode == 0, literal.stderr
+    assert "baseline (literal)" in literal.stdout.replace("\n", " ") or "(literal)" in literal.stdout
+
+    nothing = cli("compare", str(base), "--baseline", "slo.goodput_req_s=2", cwd=tmp_path)
+    assert nothing.returncode == 2
+    lines = [line for line in nothing.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no common metrics" in lines[0]
+
+    unknown = cli("compare", str(base), "no-such-run", cwd=tmp_path)
+    assert unknown.returncode == 2 and "no-such-run" in unknown.stderr
+
+
+def test_headline_figures_unchanged_by_loading(tmp_path: Path) -> None:
+    path = write_run_dir(tmp_path, "r", itl_ms=20.0)
+    loaded = load_run_dir(path)
+    summary, _ = synthetic_run("r", itl_ms=20.0)
+    assert loaded.headline == summary.headline
+    assert isinstance(loaded.headline["peak.output_tok_s"], Figure)
