@@ -241,36 +241,52 @@ def bench_cmd(
         raise typer.Exit(130)
 
 
+StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="The run store (default: OUT/servelab.db, or "
+                                                                 "$SERVELAB_STORE).")]
+OutOpt = Annotated[Path, typer.Option(help="Root directory for run directories.")]
+
+
 @app.command("run")
 def run_cmd(
-    out: Annotated[Path, typer.Option(help="Root directory for run directories.")] = Path("runs"),
-    duration: Annotated[float, typer.Option(help="Seconds per concurrency level of the sweep.")] = 10.0,
-    requests: Annotated[int, typer.Option(help="Measured single-stream requests.")] = 8,
-    max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
-    max_concurrency: Annotated[int, typer.Option(help="Highest concurrency the sweep tries.")] = 32,
+    experiment: Annotated[Optional[Path], typer.Argument(help="Experiment file (YAML). Without one: the embedded "
+                                                             "default, a head-to-head of the bundled engine.")] = None,
+    out: OutOpt = Path("runs"),
+    store: StoreOpt = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Resume the latest experiment of this name even if it "
+                                                          "completed (failed cells run again). An unfinished one "
+                                                          "resumes without it.")] = False,
+    new: Annotated[bool, typer.Option("--new", help="Start afresh, even if an unfinished experiment of this name "
+                                                    "exists.")] = False,
+    duration: Annotated[Optional[float], typer.Option(help="Seconds per concurrency level of the sweep.")] = None,
+    requests: Annotated[Optional[int], typer.Option(help="Measured single-stream requests.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per request.")] = None,
+    max_concurrency: Annotated[Optional[int], typer.Option(help="Highest concurrency the sweep tries.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The main job on the embedded default: launch, verify, bench single-stream and sweep, stop, summarise."""
-    from servelab.bench.workload import Workload
-    from servelab.pipeline import RunOptions, run_main_job
-    from servelab.report.terminal import render_run
+    """Run an experiment: every cell in turn (up, verify, bench single-stream and sweep, down), then compare them.
 
-    if requests < 1 or max_tokens < 1 or duration <= 0 or max_concurrency < 1:
+    Settings given here apply to every cell. Without a file: the bundled engine misconfigured (one slot) against
+    well configured (eight slots). An interrupted experiment resumes when run again."""
+    from servelab.experiment.default import default_experiment
+    from servelab.experiment.load import load_experiment
+    from servelab.experiment.model import with_bench_overrides
+    from servelab.experiment.runner import ExperimentOptions, run_experiment
+
+    if any(v is not None and v <= 0 for v in (duration, requests, max_tokens, max_concurrency)):
         raise UserError("--requests, --max-tokens, --duration and --max-concurrency must be positive")
-    options = RunOptions(out_root=out)
-    workload = Workload(max_tokens=max_tokens)
-    options.single.single_requests, options.single.workload = requests, workload
-    options.sweep.level_duration_s, options.sweep.workload = duration, workload
-    options.sweep.max_concurrency = max_concurrency
-    ui = _out_console(as_json)
-    summary, rundir = run_main_job(options, ui)
+    if resume and new:
+        raise UserError("--resume and --new contradict each other")
+    spec = load_experiment(experiment) if experiment is not None else default_experiment()
+    spec = with_bench_overrides(spec, {"level_duration_s": duration, "single_requests": requests,
+                                       "max_tokens": max_tokens, "max_concurrency": max_concurrency})
+    options = ExperimentOptions(out_root=out, store_path=store, resume="require" if resume else "never" if new
+                                else "auto", source=str(experiment) if experiment else "embedded default")
+    result = run_experiment(spec, options, _out_console(as_json))
     if as_json:
-        print(summary.model_dump_json(indent=2))
-    else:
-        render_run(console, summary, str(rundir.path))
-    if summary.status == "interrupted":
+        print(result.model_dump_json(indent=2))
+    if result.status == "interrupted":
         raise typer.Exit(130)
-    if summary.verify and summary.verify.failed:
+    if result.any_failed:
         raise typer.Exit(1)
 
 
@@ -342,19 +358,146 @@ def doctor_cmd(
 
 @app.command("export")
 def export_cmd(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory (summary.json + records.jsonl).")],
+    run_dir: Annotated[str, typer.Argument(help="A run directory (summary.json + records.jsonl), or a run id "
+                                                "from the store.")],
     fmt: Annotated[str, typer.Option("--format", help="csv or json.")] = "csv",
     to: Annotated[Optional[Path], typer.Option(help="Directory to write into (default: the run "
                                                     "directory).")] = None,
+    out: OutOpt = Path("runs"),
+    store: StoreOpt = None,
 ) -> None:
     """Export a run's per-request records and level summaries as CSV or JSON (columns: docs/output.md)."""
-    from servelab.store.export import export_run_dir
+    from servelab.store.db import default_store_path
+    from servelab.store.export import export_run
 
-    paths, notes = export_run_dir(run_dir, fmt, to)
+    paths, notes = export_run(run_dir, fmt, to, store or default_store_path(out))
     for note in notes:
         err_console.print(f"note: {note}", highlight=False)
     for path in paths:
         console.print(str(path), highlight=False)
+
+
+@app.command("runs")
+def runs_cmd(
+    out: OutOpt = Path("runs"),
+    store: StoreOpt = None,
+    limit: Annotated[int, typer.Option(help="Show at most this many.")] = 30,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the runs in the store, newest first."""
+    import dataclasses
+    import json
+
+    from servelab.compare.gather import open_store_if_present
+    from servelab.report.compare_terminal import render_runs
+    from servelab.store.db import default_store_path
+    from servelab.store.runs import list_runs
+
+    with open_store_if_present(store or default_store_path(out)) as db:
+        rows = list_runs(db, limit=limit) if db is not None else []
+    if as_json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+    else:
+        render_runs(console, rows)
+
+
+@app.command("show")
+def show_cmd(
+    run: Annotated[str, typer.Argument(help="A run id (or a unique prefix) from the store, or a run directory.")],
+    out: OutOpt = Path("runs"),
+    store: StoreOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print one run: launch, lint, verify, every bench level, headline figures, provenance."""
+    from servelab.compare.gather import gather_runs, open_store_if_present
+    from servelab.report.compare_terminal import render_show
+    from servelab.store.db import default_store_path
+
+    with open_store_if_present(store or default_store_path(out)) as db:
+        data = gather_runs([run], [], db)[0]
+    if as_json:
+        doc = {"name": data.name, "ref": data.ref, "status": data.status, "error": data.error,
+               "headline": {k: f.model_dump() for k, f in data.headline.items()},
+               "launch": data.launch.model_dump() if data.launch else None,
+               "verify": data.verify.model_dump() if data.verify else None,
+               "single": data.single.model_dump() if data.single else None,
+               "sweep": data.sweep.model_dump() if data.sweep else None,
+               "provenance": data.provenance.model_dump() if data.provenance else None}
+        import json
+
+        print(json.dumps(doc, indent=2))
+    else:
+        render_show(console, data)
+
+
+@app.command("compare")
+def compare_cmd(
+    runs: Annotated[Optional[list[str]], typer.Argument(help="Run ids or run directories; the first is the "
+                                                             "baseline unless --baseline is given.")] = None,
+    baseline: Annotated[Optional[list[str]], typer.Option(
+        "--baseline", help="The baseline: a run, or figures as KEY=VALUE (repeatable), e.g. "
+                           "single.decode_tok_s=82.5 peak.output_tok_s=1536.")] = None,
+    fail_on_regression: Annotated[Optional[float], typer.Option(
+        help="Exit 1 when a key figure is worse than the baseline by more than PCT percent beyond noise.",
+        metavar="PCT")] = None,
+    report: Annotated[Optional[Path], typer.Option("--report", "-o", help="Also write the HTML report here.")] = None,
+    out: OutOpt = Path("runs"),
+    store: StoreOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Key figures side by side with ratios to the baseline, 95 % bootstrap intervals and a verdict per figure."""
+    from servelab.compare.compare import compare_runs, regressions
+    from servelab.compare.gather import gather_runs, open_store_if_present
+    from servelab.report.compare_terminal import render_comparison
+    from servelab.store.db import default_store_path
+
+    if fail_on_regression is not None and fail_on_regression < 0:
+        raise UserError("--fail-on-regression takes a percentage of 0 or more")
+    with open_store_if_present(store or default_store_path(out)) as db:
+        data = gather_runs(list(runs or []), list(baseline or []), db)
+    comparison = compare_runs(data)
+    if as_json:
+        print(comparison.model_dump_json(indent=2))
+    else:
+        render_comparison(console, comparison)
+    if report is not None:
+        from servelab.report.html import write_report
+
+        path = write_report([r for r in data if not r.literal], comparison, report, title="servelab comparison")
+        err_console.print(f"report: {path}", highlight=False)
+    if fail_on_regression is not None:
+        found = regressions(comparison, fail_on_regression)
+        for line in found:
+            err_console.print(f"regression: {line}", highlight=False)
+        if found:
+            raise typer.Exit(1)
+
+
+@app.command("report")
+def report_cmd(
+    runs: Annotated[list[str], typer.Argument(help="Run ids or run directories; with two or more, the first is "
+                                                   "the baseline of the comparison.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("report.html"),
+    out: OutOpt = Path("runs"),
+    store: StoreOpt = None,
+) -> None:
+    """A self-contained HTML report (opens without network): curves, distributions, start-up, verify, lint."""
+    from servelab.compare.compare import NoCommonMetrics, compare_runs
+    from servelab.compare.gather import gather_runs, open_store_if_present
+    from servelab.report.compare_terminal import render_comparison
+    from servelab.report.html import write_report
+    from servelab.store.db import default_store_path
+
+    with open_store_if_present(store or default_store_path(out)) as db:
+        data = gather_runs(runs, [], db)
+    comparison = None
+    if len(data) >= 2:
+        try:
+            comparison = compare_runs(data)
+            render_comparison(console, comparison)
+        except NoCommonMetrics as exc:
+            err_console.print(f"note: {exc.message}", highlight=False)
+    console.print(f"report: {write_report(data, comparison, output)}", highlight=False)
 
 
 def main() -> None:

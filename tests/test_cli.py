@@ -76,36 +76,54 @@ def test_up_reports_an_engine_that_dies_during_start_up(tmp_path: Path) -> None:
 
 
 @pytest.mark.engine
-def test_run_end_to_end_writes_a_self_consistent_summary(tmp_path: Path) -> None:
-    proc = servelab("run", "--out", str(tmp_path), "--duration", "2", "--requests", "2", "--max-tokens", "16",
-                    "--max-concurrency", "4", "--json", timeout=240)
+def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> None:
+    """The default `servelab run`, with short settings: misconfigured (one slot) against well configured."""
+    proc = servelab("run", "--out", str(tmp_path), "--duration", "3", "--requests", "2", "--max-tokens", "16",
+                    "--max-concurrency", "4", "--json", timeout=400)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    summary = json.loads(proc.stdout)
-    assert summary["status"] == "complete" and summary["schema_version"] == 1
-    run_dir = tmp_path / summary["run_id"]
-    on_disk = json.loads((run_dir / "summary.json").read_text())
-    assert on_disk["headline"] == summary["headline"]
-    head = summary["headline"]
-    assert head["single.decode_tok_s"]["value"] > 0
-    assert head["peak.output_tok_s"]["value"] > 0
-    assert head["single.decode_tok_s"]["counted_by"] == "server_per_chunk"
-    # verify passed its core checks; the launch was ready with a phase timeline
-    outcomes = {c["id"]: c["outcome"] for c in summary["verify"]["checks"]}
-    assert outcomes["models"] == "pass" and outcomes["chat_stream"] == "pass" and outcomes["chat"] != "fail"
-    assert summary["launch"]["verdict"]["state"] == "ready"
-    assert [p["name"] for p in summary["launch"]["phases"]][-1] == "ready"
-    # provenance names the engine, the exact command, the model file and the host
-    prov = summary["provenance"]
-    assert prov["engine_version"].startswith("xllamacpp")
-    assert "servelab.engines.llamacpp_server" in " ".join(prov["command"])
-    assert prov["model_path"].endswith(".gguf") and prov["model_size_bytes"] > 50_000_000
-    assert prov["host"]["cpu_cores_logical"] >= 1 and prov["servelab_version"]
-    # every request is on disk, and the single-stream level accounts for all of its tokens
-    records = read_records(run_dir / "records.jsonl")
-    single = [r for r in records if r.tag == "single" and not r.warmup]
-    assert len(single) == 2 and all(r.output_tokens == 16 for r in single)
-    level = summary["single"]["levels"][0]
-    assert level["figures"]["output_tok_s"]["value"] * level["window_s"] == pytest.approx(32, rel=1e-6)
+    result = json.loads(proc.stdout)
+    assert result["status"] == "complete" and result["schema_version"] == 1
+    assert [(c["name"], c["status"]) for c in result["cells"]] == [("misconfigured", "complete"),
+                                                                    ("well-configured", "complete")]
+    misconfigured, well = result["runs"]
+    for summary in (misconfigured, well):
+        run_dir = tmp_path / summary["run_id"]
+        on_disk = json.loads((run_dir / "summary.json").read_text())
+        assert on_disk["headline"] == summary["headline"]
+        head = summary["headline"]
+        assert head["single.decode_tok_s"]["value"] > 0 and head["peak.output_tok_s"]["value"] > 0
+        assert head["single.decode_tok_s"]["counted_by"] == "server_per_chunk"
+        # verify passed its core checks; the launch was ready with a phase timeline
+        outcomes = {c["id"]: c["outcome"] for c in summary["verify"]["checks"]}
+        assert outcomes["models"] == "pass" and outcomes["chat_stream"] == "pass" and outcomes["chat"] != "fail"
+        assert summary["launch"]["verdict"]["state"] == "ready"
+        assert [p["name"] for p in summary["launch"]["phases"]][-1] == "ready"
+        # provenance names the engine, the exact command, the model file and the host
+        prov = summary["provenance"]
+        assert prov["engine_version"].startswith("xllamacpp")
+        assert "servelab.engines.llamacpp_server" in " ".join(prov["command"])
+        assert prov["model_path"].endswith(".gguf") and prov["model_size_bytes"] > 50_000_000
+        assert prov["host"]["cpu_cores_logical"] >= 1 and prov["servelab_version"]
+        # every request is on disk, and the single-stream level accounts for all of its tokens
+        records = read_records(run_dir / "records.jsonl")
+        single = [r for r in records if r.tag == "single" and not r.warmup]
+        assert len(single) == 2 and all(r.output_tokens == 16 for r in single)
+        level = summary["single"]["levels"][0]
+        assert level["figures"]["output_tok_s"]["value"] * level["window_s"] == pytest.approx(32, rel=1e-6)
+    # the lint marks the one-slot cell, and the comparison's verdict tells the story
+    assert any(f["setting"] == "parallel=1" and f["severity"] == "serious" for f in misconfigured["launch"]["lint"])
+    assert not any(f["severity"] == "serious" for f in well["launch"]["lint"])
+    comparison = result["comparison"]
+    assert comparison["baseline"] == "misconfigured"
+    peak = next(r for r in comparison["rows"] if r["key"] == "peak.output_tok_s")
+    assert peak["ratios"][1]["verdict"] == "better", peak
+    verdicts = " ".join(comparison["verdicts"])
+    assert "well-configured is faster than misconfigured at peak" in verdicts
+    assert "misconfigured is NOT REPRESENTATIVE" in verdicts
+    # the report and the store
+    assert Path(result["report"]).is_file()
+    listed = servelab("runs", "--out", str(tmp_path), "--json")
+    assert {r["run_id"] for r in json.loads(listed.stdout)} == {misconfigured["run_id"], well["run_id"]}
 
 
 @pytest.mark.engine
@@ -116,7 +134,7 @@ def test_ctrl_c_during_run_stops_the_engine_and_keeps_what_was_measured(tmp_path
         deadline = time.monotonic() + 120
         records_file = None
         while time.monotonic() < deadline:
-            found = list(tmp_path.glob("*/records.jsonl"))
+            found = list(tmp_path.rglob("records.jsonl"))
             if found and len(read_records(found[0])) >= 3:
                 records_file = found[0]
                 break

@@ -158,6 +158,29 @@ def export_run_dir(run_dir: Path, fmt: str, to: Path | None = None) -> tuple[lis
     return write(records, levels, to or run_dir), notes
 
 
+def export_run(ref: str, fmt: str, to: Path | None, store_path: Path) -> tuple[list[Path], list[str]]:
+    """Like export_run_dir, for a run directory or a run id in the store (written into `to`, else the run's
+    directory when it still exists, else ./<run id>)."""
+    if Path(ref).is_dir() or not Path(store_path).exists():
+        return export_run_dir(Path(ref), fmt, to)
+    from servelab.store.db import Store
+    from servelab.store.runs import load_run, resolve_run_id
+
+    if fmt not in FORMATS:
+        raise UserError(f"unknown export format '{fmt}'", hint=f"use one of {', '.join(FORMATS)}")
+    with Store.open(store_path) as store:
+        run_id = resolve_run_id(store, ref)
+        if run_id is None:
+            raise UserError(f"'{ref}' is neither a run directory nor a run in {store_path}")
+        summary, records, meta = load_run(store, run_id)
+    levels = [lv for bench in (summary.single, summary.sweep) if bench for lv in bench.levels]
+    notes = ["the run was interrupted: its last level is partial"] if summary.status == "interrupted" else []
+    run_dir = Path(meta["run_dir"]) if meta["run_dir"] else None
+    target = to or (run_dir if run_dir and run_dir.is_dir() else Path(run_id))
+    write = export_csv if fmt == "csv" else export_json
+    return write(records, levels, target), notes
+
+
 def _write_csv(path: Path, columns: list[str], rows) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w", encoding="utf-8", newline="") as fh:

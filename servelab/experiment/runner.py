@@ -1,0 +1,224 @@
+"""Run an experiment: every cell in turn through pipeline.run_cell, each saved to the store as it ends, then the
+comparison and the HTML report.
+
+Layout: <out>/<UTC time>-<experiment>/ holds experiment.json, comparison.json and report.html, and one run
+directory per cell (<cell name>, or <cell name>-2, … when a cell is run again on resume). A run's id is its
+directory relative to <out>, e.g. `20261129-155519-default/well-configured`.
+
+Resume: an experiment that did not complete (Ctrl-C, a crash) is picked up by running the same file again: cells
+whose key (a hash of their definition and settings) completed are skipped; failed and interrupted ones run again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from rich.console import Console
+
+from servelab import SCHEMA_VERSION
+from servelab.compare.compare import Comparison, compare_runs
+from servelab.compare.sources import RunData, from_summary, literal_run
+from servelab.errors import UserError
+from servelab.experiment.model import Cell, Experiment
+from servelab.pipeline import CellPlan, VerifyPlan, run_cell
+from servelab.records import RunSummary
+from servelab.store.db import Store
+from servelab.store.experiments import (CellState, cell_states, finish_experiment, latest_experiment,
+                                        record_cell, start_experiment)
+from servelab.store.rundir import read_records
+from servelab.store.runs import load_run, save_run
+
+ResumeMode = Literal["auto", "require", "never"]
+
+
+class CellOutcome(BaseModel):
+    name: str
+    key: str
+    status: str  # complete, failed, interrupted, not run
+    run_id: str | None = None
+    run_dir: str | None = None
+    reason: str | None = None
+    skipped: bool = False  # complete in an earlier attempt of this experiment
+
+
+class ExperimentResult(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    experiment_id: str
+    name: str
+    source: str
+    status: Literal["complete", "interrupted"]
+    out_dir: str
+    cells: list[CellOutcome] = Field(default_factory=list)
+    comparison: Comparison | None = None
+    comparison_error: str | None = None  # why there is no comparison (fewer than two complete cells, …)
+    report: str | None = None
+    runs: list[RunSummary] = Field(default_factory=list)  # the cells' summaries, in cell order
+
+    @property
+    def any_failed(self) -> bool:
+        return any(c.status == "failed" for c in self.cells) or any(
+            s.verify is not None and s.verify.failed for s in self.runs)
+
+
+@dataclass
+class ExperimentOptions:
+    out_root: Path = Path("runs")
+    store_path: Path | None = None  # None: <out_root>/servelab.db (or SERVELAB_STORE)
+    resume: ResumeMode = "auto"
+    source: str = "embedded default"
+    write_report: bool = True
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:40] or "cell"
+
+
+def _new_dir(parent: Path, name: str) -> Path:
+    for n in range(1, 1000):
+        candidate = parent / (name if n == 1 else f"{name}-{n}")
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"could not create a directory for {name} under {parent}")
+
+
+def run_experiment(experiment: Experiment, options: ExperimentOptions, console: Console) -> ExperimentResult:
+    from servelab.store.db import default_store_path
+
+    store = Store.open(options.store_path or default_store_path(options.out_root))
+    try:
+        return _run(experiment, options, store, console)
+    finally:
+        store.close()
+
+
+def _run(experiment: Experiment, options: ExperimentOptions, store: Store, console: Console) -> ExperimentResult:
+    exp_id, out_dir, states = _open_experiment(experiment, options, store, console)
+    result = ExperimentResult(experiment_id=exp_id, name=experiment.name, source=options.source,
+                              status="interrupted", out_dir=str(out_dir))
+    for seq, cell in enumerate(experiment.cells):
+        key = experiment.cell_key(cell)
+        done = states.get(key)
+        if done is not None and done.status == "complete" and done.run_id:
+            console.rule(f"cell {cell.name}: complete in {done.run_id}, skipped")
+            result.cells.append(CellOutcome(name=cell.name, key=key, status="complete", run_id=done.run_id,
+                                            skipped=True))
+            continue
+        console.rule(f"[bold]cell {seq + 1}/{len(experiment.cells)}: {cell.name}[/bold]")
+        run_dir = _new_dir(out_dir, _slug(cell.name))
+        run_id = f"{out_dir.name}/{run_dir.name}"
+        (run_dir / "cell.json").write_text(json.dumps({"experiment": experiment.name, "experiment_id": exp_id,
+                                                       "cell": cell.name, "cell_key": key,
+                                                       "definition": cell.model_dump(mode="json")}, indent=2) + "\n")
+        summary = run_cell(_plan(experiment, cell, run_id, run_dir), console)
+        records = read_records(run_dir / "records.jsonl") if (run_dir / "records.jsonl").exists() else []
+        save_run(store, summary, records, run_dir, cell_name=cell.name, experiment_id=exp_id)
+        record_cell(store, exp_id, CellState(cell_key=key, cell_name=cell.name, seq=seq, run_id=run_id,
+                                             status=summary.status, reason=summary.error))
+        result.cells.append(CellOutcome(name=cell.name, key=key, status=summary.status, run_id=run_id,
+                                        run_dir=str(run_dir), reason=summary.error))
+        _write_state(out_dir, result)
+        if summary.status == "interrupted":
+            finish_experiment(store, exp_id, "interrupted")
+            console.print(f"[yellow]experiment interrupted: run it again to resume ({exp_id})[/yellow]")
+            result.runs = _summaries(store, result)
+            return result
+    result.status = "complete"
+    finish_experiment(store, exp_id, "complete")
+    result.runs = _summaries(store, result)
+    _conclude(experiment, result, store, out_dir, options, console)
+    _write_state(out_dir, result)
+    return result
+
+
+def _open_experiment(experiment: Experiment, options: ExperimentOptions, store: Store, console: Console
+                     ) -> tuple[str, Path, dict[str, CellState]]:
+    latest = latest_experiment(store, experiment.name) if options.resume != "never" else None
+    resumable = latest is not None and (options.resume == "require" or latest[2] != "complete")
+    if options.resume == "require" and latest is None:
+        raise UserError(f"no experiment named '{experiment.name}' to resume in {store.path}")
+    if resumable:
+        exp_id, out_dir = latest[0], Path(latest[1])
+        states = cell_states(store, exp_id)
+        done = sum(1 for s in states.values() if s.status == "complete")
+        console.print(f"resuming experiment {exp_id}: {done} cell(s) complete", highlight=False)
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        out_dir = _new_dir(options.out_root, f"{stamp}-{_slug(experiment.name)}")
+        exp_id, states = out_dir.name, {}
+    start_experiment(store, exp_id, experiment.name, options.source, str(out_dir))
+    return exp_id, out_dir, states
+
+
+def _plan(experiment: Experiment, cell: Cell, run_id: str, run_dir: Path) -> CellPlan:
+    bench = experiment.bench_for(cell)
+    verify = experiment.verify_for(cell)
+    single, sweep = bench.options(model=cell.model if cell.url else None)
+    return CellPlan(run_id=run_id, run_dir=run_dir, single=single, sweep=sweep, spec=cell.spec(), url=cell.url,
+                    model=cell.model if cell.url else None, ready_timeout_s=experiment.ready_timeout_s,
+                    verify=VerifyPlan(enabled=verify.enabled, only=verify.only, skip=list(verify.skip),
+                                      check_timeout_s=verify.check_timeout_s))
+
+
+def _summaries(store: Store, result: ExperimentResult) -> list[RunSummary]:
+    return [load_run(store, c.run_id)[0] for c in result.cells if c.run_id]
+
+
+def _write_state(out_dir: Path, result: ExperimentResult) -> None:
+    doc = result.model_dump(mode="json", exclude={"runs"})
+    tmp = out_dir / "experiment.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(out_dir / "experiment.json")
+
+
+def experiment_runs(experiment: Experiment, result: ExperimentResult, store: Store) -> list[RunData]:
+    """The runs to compare, baseline first: the named baseline (a cell or literal figures), else the first cell
+    that completed; then the other complete cells in file order, then the other literal baselines."""
+    runs: list[RunData] = []
+    for cell in result.cells:
+        if cell.status == "complete" and cell.run_id:
+            summary, records, _ = load_run(store, cell.run_id)
+            runs.append(from_summary(summary, records, cell.name, cell.run_id))
+    runs += [literal_run(name, figures) for name, figures in experiment.baselines.items()]
+    if experiment.baseline is not None:
+        chosen = [r for r in runs if r.name == experiment.baseline]
+        runs = chosen + [r for r in runs if r.name != experiment.baseline]
+    return runs
+
+
+def _conclude(experiment: Experiment, result: ExperimentResult, store: Store, out_dir: Path,
+              options: ExperimentOptions, console: Console) -> None:
+    from servelab.report.compare_terminal import render_comparison, render_experiment
+    from servelab.report.html import write_report
+
+    render_experiment(console, result)
+    runs = experiment_runs(experiment, result, store)
+    if len(runs) >= 2:
+        try:
+            result.comparison = compare_runs(runs)
+        except UserError as exc:
+            result.comparison_error = exc.message
+    else:
+        result.comparison_error = "fewer than two cells completed: nothing to compare"
+    if result.comparison is not None:
+        (out_dir / "comparison.json").write_text(result.comparison.model_dump_json(indent=2) + "\n",
+                                                 encoding="utf-8")
+        render_comparison(console, result.comparison)
+    else:
+        console.print(f"[yellow]no comparison: {result.comparison_error}[/yellow]")
+    if options.write_report:
+        measured = [r for r in runs if not r.literal]
+        if measured:
+            path = write_report(measured, result.comparison, out_dir / "report.html",
+                                title=f"servelab experiment {experiment.name}")
+            result.report = str(path)
+            console.print(f"report: {path}", highlight=False)
+    console.print(f"written to {out_dir}", highlight=False)
