@@ -16,6 +16,7 @@ import pytest
 from servelab.bench.options import BenchArgs, build_options
 from servelab.bench.runner import bench
 from servelab.calibration import Script, start_calibration_server
+from servelab.errors import UserError
 from servelab.records import RequestRecord, Summary
 from servelab.store.export import (LEVEL_COLUMNS, RECORD_COLUMNS, export_csv, export_json, export_run_dir,
                                    level_row, record_row)
@@ -138,13 +139,14 @@ def test_bench_out_csv_then_ctrl_c_leaves_a_readable_exportable_run(cal, tmp_pat
 
 def test_export_and_csv_errors_are_one_line(tmp_path: Path) -> None:
     for args, needle in ((("export", str(tmp_path)), "not a run directory"),
-                         (("export", str(tmp_path / "nope")), "not a run directory"),
-                         (("bench", "http://127.0.0.1:1", "--csv"), "--csv writes next to"),
-                         (("bench", "http://127.0.0.1:1", "--mode", "rate", "--rate", "2", "--dataset",
-                           str(tmp_path / "none.jsonl")), "dataset file not found")):
+                         (("bench", "http://127.0.0.1:1", "--csv"), "--csv writes next to")):
         proc = run_cli(*args)
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
+    with pytest.raises(UserError, match="not a run directory"):
+        export_run_dir(tmp_path / "nope", "csv")
     (tmp_path / "summary.json").write_text("{}")
-    proc = run_cli("export", str(tmp_path), "--format", "xml")
-    assert proc.returncode == 2 and "unknown export format" in proc.stderr
+    with pytest.raises(UserError, match="unknown export format"):
+        export_run_dir(tmp_path, "xml")
+    with pytest.raises(UserError, match="dataset file not found"):
+        build_options(BenchArgs(mode="rate", rate="2", dataset=tmp_path / "none.jsonl"))
