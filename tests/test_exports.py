@@ -138,7 +138,8 @@ def test_bench_out_csv_then_ctrl_c_leaves_a_readable_exportable_run(cal, tmp_pat
 
 
 def test_export_and_csv_errors_are_one_line(tmp_path: Path) -> None:
-    for args, needle in ((("export", str(tmp_path)), "not a run directory"),
+    no_store = str(tmp_path / "no-store.db")  # whatever store the working directory has, this test uses none
+    for args, needle in ((("export", str(tmp_path), "--store", no_store), "not a run directory"),
                          (("bench", "http://127.0.0.1:1", "--csv"), "--csv writes next to")):
         proc = run_cli(*args)
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
