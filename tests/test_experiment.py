@@ -8,6 +8,8 @@ an engine whose model does not exist (fails before anything starts), so no real 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from servelab.experiment.default import default_experiment
 from servelab.experiment.load import parse_experiment
 from servelab.experiment.runner import ExperimentOptions, run_experiment
 from servelab.store.db import Store
+from servelab.store.export import export_run
 from servelab.store.runs import list_runs, load_run
 
 GOOD = """\
@@ -106,6 +109,13 @@ def test_a_cell_that_cannot_start_is_recorded_and_the_experiment_goes_on(tmp_pat
         assert summary.headline["single.decode_tok_s"].value > 0 and records
     # one complete cell: nothing to compare, and the experiment says so
     assert result.comparison is None and "fewer than two" in result.comparison_error
+    # a stored run can be shown and exported by its id
+    shown = subprocess.run([sys.executable, "-m", "servelab.cli", "show", first.run_id, "--out", str(tmp_path)],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and first.run_id in shown.stdout and "single" in shown.stdout, shown.stderr
+    paths, _ = export_run(first.run_id, "json", tmp_path / "export", tmp_path / "servelab.db")
+    exported = json.loads((tmp_path / "export" / "records.json").read_text())
+    assert len(exported) == len(records) and tmp_path / "export" / "levels.json" in paths
 
 
 def test_an_interrupted_experiment_resumes_skipping_finished_cells(tmp_path: Path, calibration,
