@@ -235,6 +235,18 @@ def bench_cmd(
     else:
         render_levels(console, result)
         render_headline(console, result.headline)
+        for lv in result.levels:
+            if lv.slo is not None:
+                verdict = ", ".join(f"{k} {t['observed_ms']:.1f}" if t["observed_ms"] is not None else f"{k} inf"
+                                    for k, t in lv.slo["targets"].items())
+                console.print(f"  {lv.tag}: targets {'met' if lv.slo['passed'] else 'not met'} ({verdict})",
+                              highlight=False)
+        if result.search is not None:
+            s, goodput = result.search, result.headline.get("slo.goodput_req_s")
+            console.print(f"SLO search ({s['targets']}): highest {s['dimension']} that met them: {s.get('best')}"
+                          f", lowest that did not: {s.get('lowest_failing')}"
+                          + (f"; goodput there {goodput.value:.2f} req/s" if goodput and goodput.value else "")
+                          + f" ({s.get('stop_reason')})", highlight=False)
         if rundir:
             console.print(f"written to {rundir.path}")
     if result.interrupted:

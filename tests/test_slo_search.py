@@ -43,6 +43,7 @@ def test_concurrency_search_finds_the_slot_count(slot_server: str) -> None:
     result = bench(slot_server, opts)
     search = result.search
     assert search["best"] == SLOTS and search["lowest_failing"] == SLOTS + 1, search
+    assert isinstance(search["best"], int)  # streams are whole numbers in the result too
     assert result.headline["slo.max_concurrency"].value == SLOTS
     assert result.headline["slo.goodput_req_s"].value > 0
     probed = [p["load"] for p in search["probes"]]

@@ -240,18 +240,20 @@ async def slo_search(state: BenchState, client: StreamClient, target: Target) ->
                         maximum=plan.search_max or (plan.max_rate if by_rate else opts.max_concurrency),
                         max_probes=plan.max_probes, tolerance=plan.tolerance)
     probes: list[dict[str, Any]] = []
+    as_load = float if by_rate else int  # concurrency is a whole number of streams in the result too
 
     async def probe(load: float) -> bool:
         level = await (rate_level(state, client, target, load) if by_rate
                        else concurrency_level(state, client, target, int(load)))
         passed = bool(level.slo and level.slo["passed"])
-        probes.append({"load": load, "tag": level.tag, "passed": passed,
+        probes.append({"load": as_load(load), "tag": level.tag, "passed": passed,
                        "observed_ms": {k: t["observed_ms"] for k, t in (level.slo or {}).get("targets", {}).items()}})
         return passed
 
     state.search = {"dimension": plan.search, "targets": describe_slos(plan.slos), "probes": probes}
     outcome = await search_max_load(probe, space)
-    state.search |= {"best": outcome.best, "lowest_failing": outcome.lowest_failing,
+    state.search |= {"best": None if outcome.best is None else as_load(outcome.best),
+                     "lowest_failing": None if outcome.lowest_failing is None else as_load(outcome.lowest_failing),
                      "stop_reason": outcome.stop_reason}
     state.stop_reason = outcome.stop_reason
 
