@@ -92,7 +92,10 @@ def ttft_distribution(runs: list[RunData]) -> Chart:
                 data.append({"type": "box", "name": f"{_label(run)} · {level.tag}", "y": _thin(values),
                              "boxpoints": "all", "jitter": 0.4, "pointpos": 0, "marker": {"size": 3}})
     return {"id": "ttft", "data": data,
-            "layout": _layout("TTFT per request: single-stream and at peak", "", "TTFT (ms)", showlegend=False)}
+            # log scale: queueing at peak can make TTFT 100x the single-stream one, which would flatten it
+            "layout": _layout("TTFT per request: single-stream and at peak", "", "TTFT (ms, log scale)",
+                              showlegend=False, yaxis={"title": {"text": "TTFT (ms, log scale)"}, "type": "log",
+                                                       "automargin": True})}
 
 
 def itl_distribution(runs: list[RunData]) -> Chart:
