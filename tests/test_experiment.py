@@ -161,3 +161,14 @@ def test_the_examples_are_valid_experiments(path: Path) -> None:
 
     exp = load_experiment(path)
     assert len(exp.cells) >= 2 and len({exp.cell_key(c) for c in exp.cells}) == len(exp.cells)
+
+
+def test_servelab_run_with_an_invalid_file_is_a_one_line_usage_error(tmp_path: Path) -> None:
+    bad = tmp_path / "exp.yaml"
+    bad.write_text(GOOD.replace("parallel: 1", "parallel: many"))
+    proc = subprocess.run([sys.executable, "-m", "servelab.cli", "run", str(bad), "--out", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=60)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"{bad}:9: cells[0].parallel" in lines[0]
+    assert not (tmp_path / "runs").exists()  # nothing started, nothing written
