@@ -4,78 +4,21 @@ never a traceback, and the run must go on. The servers are small aiohttp apps: t
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
-import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from aiohttp import web
+from openai_fake import USAGE, FakeOpenAI, Handler, bytes_route, chunk, completion, json_route, serving, sse
 
 from servelab.errors import UserError
 from servelab.records import VerifyResult
 from servelab.verify import verify
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-# ----------------------------------------------------------------------------------------------------------------
-# A fake OpenAI server whose routes can be swapped for broken ones
-# ----------------------------------------------------------------------------------------------------------------
-
-
-@contextmanager
-def serving(app: web.Application) -> Iterator[str]:
-    """Run `app` on a free 127.0.0.1 port in a background thread; yield its base URL."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    # A short shutdown_timeout: handlers that hang on purpose must not hold up the teardown.
-    runner = web.AppRunner(app, shutdown_timeout=0.2, access_log=None)
-
-    async def start() -> int:
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return runner.addresses[0][1]
-
-    async def stop() -> None:
-        await runner.cleanup()
-        # Handlers that hang on purpose outlive the cleanup; end them so the loop closes without complaints.
-        leftovers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in leftovers:
-            task.cancel()
-        await asyncio.gather(*leftovers, return_exceptions=True)
-
-    port = asyncio.run_coroutine_threadsafe(start(), loop).result(5)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        loop.close()
-
-
-def completion(text: str = "4", **overrides: Any) -> dict[str, Any]:
-    body = {"id": "c1", "object": "chat.completion", "model": "fake",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}}
-    return body | overrides
-
-
-def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return {"id": "c1", "object": "chat.completion.chunk", "model": "fake", "choices": choices} | extra
-
-
-USAGE = {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
-
-
-def sse(*events: dict[str, Any] | str) -> bytes:
-    return b"".join(b"data: " + (e if isinstance(e, str) else json.dumps(e)).encode() + b"\n\n" for e in events)
+# The story's checks: these tests break the models, chat and stream routes; the other checks have their own
+# fault tests (test_verify_checks.py).
+STORY_CHECKS = ["models", "chat", "chat_stream"]
 
 
 def openai_stream(text: str = "4") -> bytes:
@@ -84,44 +27,24 @@ def openai_stream(text: str = "4") -> bytes:
                chunk(usage=USAGE), "[DONE]")
 
 
-def json_route(body: Any) -> Handler:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return web.json_response(body)
-    return handler
-
-
-def bytes_route(body: bytes, content_type: str = "text/event-stream", status: int = 200) -> Handler:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return web.Response(body=body, status=status, headers={"Content-Type": content_type})
-    return handler
-
-
 def fake_openai(models: Handler | None = None, chat: Handler | None = None,
                 stream: Handler | None = None) -> web.Application:
-    models = models or json_route({"object": "list", "data": [{"id": "fake", "object": "model"}]})
-    chat = chat or json_route(completion())
-    stream = stream or bytes_route(openai_stream())
-
-    async def chat_route(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        return await (stream if body.get("stream") else chat)(request)
-
-    app = web.Application()
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/chat/completions", chat_route)
-    return app
+    routes = {"models": models, "chat": chat or json_route(completion()),
+              "stream": stream or bytes_route(openai_stream())}
+    return FakeOpenAI(**{name: handler for name, handler in routes.items() if handler is not None}).app()
 
 
 def by_id(result: VerifyResult) -> dict[str, Any]:
-    return {c.id: c for c in result.checks}
+    return {c.id: c for c in result.checks if c.reason != "not selected"}
 
 
 def run(app: web.Application, **kwargs: Any) -> dict[str, Any]:
+    kwargs.setdefault("only", STORY_CHECKS)
     with serving(app) as url:
         return by_id(verify(url, **kwargs))
 
 
-def test_the_fake_server_itself_passes_every_check():
+def test_the_fake_server_itself_passes_the_story_checks():
     # Guards the doubles: every fault below differs from this baseline in exactly the broken part.
     checks = run(fake_openai())
     assert {i: c.outcome for i, c in checks.items()} == {"models": "pass", "chat": "pass", "chat_stream": "pass"}

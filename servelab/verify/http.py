@@ -62,9 +62,12 @@ def new_session(api_key: str | None = None) -> aiohttp.ClientSession:
     # No total timeout here: each check has its own deadline (runner). A connect that takes longer than a few
     # seconds on a server that was reachable a moment ago is a failure worth naming on its own.
     # The API key travels only in this header: evidence records request bodies, never headers.
+    # A fresh connection per request: servers differ in whether a connection stays usable after a stream (llama.cpp
+    # closes it, and the next request on the pooled connection then fails with nothing sent), and a check must not
+    # fail for how the previous one left the pool.
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
-                                 headers=headers)
+                                 headers=headers, connector=aiohttp.TCPConnector(force_close=True))
 
 
 def describe_transport_error(exc: aiohttp.ClientError) -> str:

@@ -1,9 +1,19 @@
 """The verify checks, by theme. Importing this package registers every check, in the order the runner runs them:
-the order of the imports below.
+the order of the imports below (docs/verify.md describes each check).
 
-    registry   CHECKS, @check, CheckContext, Evidence, Verdict, Findings
-    common     validation shared by several checks (usage, content, reading a chat stream)
-    basic      models, chat, chat_stream: the story's checks
+    registry      CHECKS, @check, CheckContext, Evidence, Verdict, Findings
+    common        validation shared by several checks (requests, usage, content, reading a chat stream)
+    basic         models, chat, chat_stream: the story's checks
+    completions   completions
+    streaming     stream_framing
+    limits        max_tokens, stop
+    usage         usage, usage_count
+    determinism   determinism, determinism_concurrent
+    concurrency   concurrency
+    reasoning     reasoning
+    tools         tool_calls
+    errors        error_unknown_model, error_invalid_params, error_context
+    sdk           openai_sdk
 """
 
 from servelab.verify.checks.registry import (CHECKS, Check, CheckContext, CheckFailed, CheckFn, Evidence, Findings,
@@ -11,7 +21,18 @@ from servelab.verify.checks.registry import (CHECKS, Check, CheckContext, CheckF
 from servelab.verify.checks.common import (CHAT_PROMPT, FINISH_REASONS, StreamReading, chat_request, check_content,
                                            check_usage, first_difference, is_int, quoted, read_chat_stream,
                                            reasoning_of)
-from servelab.verify.checks import basic  # noqa: F401  (registers models, chat, chat_stream)
+# Registration order = run order: cheap, basic checks first; the heavier and the error-provoking ones last.
+from servelab.verify.checks import basic  # noqa: F401
+from servelab.verify.checks import completions  # noqa: F401
+from servelab.verify.checks import streaming  # noqa: F401
+from servelab.verify.checks import limits  # noqa: F401
+from servelab.verify.checks import usage  # noqa: F401
+from servelab.verify.checks import determinism  # noqa: F401
+from servelab.verify.checks import concurrency  # noqa: F401
+from servelab.verify.checks import reasoning  # noqa: F401
+from servelab.verify.checks import tools  # noqa: F401
+from servelab.verify.checks import errors  # noqa: F401
+from servelab.verify.checks import sdk  # noqa: F401
 from servelab.verify.checks.basic import discover_model, listed_model_ids
 
 __all__ = ["CHAT_PROMPT", "CHECKS", "Check", "CheckContext", "CheckFailed", "CheckFn", "Evidence", "FINISH_REASONS",

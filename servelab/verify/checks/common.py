@@ -7,13 +7,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from servelab.verify.checks.registry import Findings
-from servelab.verify.http import StreamReply, one_line
+from servelab.verify.checks.registry import CheckContext, CheckFailed, Evidence, Findings
+from servelab.verify.http import (StreamReply, excerpt, excerpt_ends, one_line, post_stream, request_json)
 
 # ---- Shared validation -------------------------------------------------------------------------------------------
 
 CHAT_PROMPT = "What is 2+2? Reply in one word."
 FINISH_REASONS = ("stop", "length")
+SEPARATE_USAGE = "in a separate final chunk (choices: [])"
 _FOUR = re.compile(r"\b(4|four)\b", re.IGNORECASE)
 
 
@@ -69,6 +70,82 @@ def reasoning_of(message: dict[str, Any]) -> str:
     return value if isinstance(value, str) else ""
 
 
+def chat_body(model: str, prompt: str, max_tokens: int, *, stream: bool = False, **extra: Any) -> dict[str, Any]:
+    """A temperature-0 chat request with one user message (and, streamed, asking for the usage chunk)."""
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+                            "max_tokens": max_tokens}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    return body | extra
+
+
+@dataclass
+class ChatAnswer:
+    """The parts of a non-streamed chat.completion that checks judge."""
+
+    text: str
+    reasoning: str
+    finish_reason: Any
+    usage: Any
+    message: dict[str, Any]
+    body: dict[str, Any]
+
+
+def read_chat_answer(body: Any) -> ChatAnswer:
+    """The first choice of a chat.completion; CheckFailed when there is none to read."""
+    if not isinstance(body, dict):
+        raise CheckFailed(f"expected a JSON object, got {type(body).__name__}")
+    if "error" in body and "choices" not in body:
+        raise CheckFailed(f"the server answered 2xx with an error: {one_line(json.dumps(body['error']), 200)}")
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise CheckFailed("the response has no choices[0]")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise CheckFailed("choices[0] has no message object")
+    content = message.get("content")
+    return ChatAnswer(text=content if isinstance(content, str) else "", reasoning=reasoning_of(message),
+                      finish_reason=choices[0].get("finish_reason"), usage=body.get("usage"), message=message,
+                      body=body)
+
+
+async def send_chat(ctx: CheckContext, evidence: Evidence | None, body: dict[str, Any]) -> ChatAnswer:
+    """POST a non-streamed chat request; the body and an excerpt of the answer go into `evidence`, if given."""
+    if evidence is not None:
+        evidence.request = body
+    reply = await request_json(ctx.session, "POST", ctx.base_url, "/v1/chat/completions", body)
+    if evidence is not None:
+        evidence.response_excerpt = excerpt(reply.text)
+    return read_chat_answer(reply.body)
+
+
+async def send_stream(ctx: CheckContext, evidence: Evidence | None, body: dict[str, Any],
+                      path: str = "/v1/chat/completions") -> StreamReply:
+    """POST a streamed request and read it to its end, keeping the excerpt current as bytes arrive."""
+    def keep_excerpt(raw: bytes) -> None:
+        if evidence is not None:
+            evidence.response_excerpt = excerpt_ends(raw.decode("utf-8", errors="replace"))
+
+    if evidence is not None:
+        evidence.request = body
+    reply = await post_stream(ctx.session, ctx.base_url, path, body, keep_excerpt)
+    keep_excerpt(reply.raw)
+    return reply
+
+
+def usage_counts(usage: Any) -> tuple[int, int, int] | None:
+    """(prompt, completion, total) when all three are integers, else None."""
+    if not isinstance(usage, dict):
+        return None
+    values = [usage.get(key) for key in ("prompt_tokens", "completion_tokens", "total_tokens")]
+    return (values[0], values[1], values[2]) if all(is_int(v) for v in values) else None
+
+
+def distinct_texts(texts: list[str]) -> list[str]:
+    """The different texts among `texts`, in first-seen order."""
+    return list(dict.fromkeys(texts))
+
+
 def first_difference(a: str, b: str) -> int:
     for position, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -98,10 +175,15 @@ class StreamReading:
     usage: Any = None
     usage_where: str | None = None
     usage_chunks: int = 0
+    usage_last: bool = False  # the (last) usage arrived on the last chunk before [DONE]
     other_objects: set[str] = field(default_factory=set)
+    ids: set[str] = field(default_factory=set)  # chunk ids: one per stream, as OpenAI sends
+    content_after_finish: int = 0  # chunks that carried text after the finish_reason
 
 
-def read_chat_stream(datas: list[str]) -> StreamReading:
+def read_chat_stream(datas: list[str], expected_object: str = "chat.completion.chunk") -> StreamReading:
+    """One pass over a stream's data fields. Chat chunks carry `delta`; completions chunks (expected_object
+    "text_completion") carry `text`, which is gathered the same way."""
     reading = StreamReading()
     for number, data in enumerate(datas, 1):
         if reading.done_seen:
@@ -122,8 +204,10 @@ def read_chat_stream(datas: list[str]) -> StreamReading:
             reading.errors.append(one_line(json.dumps(chunk["error"]), 200))
             continue
         reading.chunks.append(chunk)
-        if chunk.get("object") != "chat.completion.chunk":
+        if chunk.get("object") != expected_object:
             reading.other_objects.add(str(chunk.get("object")))
+        if isinstance(chunk.get("id"), str):
+            reading.ids.add(chunk["id"])
         choices = chunk.get("choices") if isinstance(chunk.get("choices"), list) else []
         finished_here = False
         for choice in choices:
@@ -132,11 +216,14 @@ def read_chat_stream(datas: list[str]) -> StreamReading:
             index = choice.get("index", 0)
             reading.indexes.add(index if is_int(index) else -1)
             delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
-            if not reading.saw_delta:
+            if not reading.saw_delta and "delta" in choice:
                 reading.saw_delta = True
                 reading.first_role = delta.get("role")
-            if isinstance(delta.get("content"), str):
-                reading.text += delta["content"]
+            piece = delta.get("content") if "delta" in choice else choice.get("text")
+            if isinstance(piece, str):
+                reading.text += piece
+                if piece and reading.finishes:
+                    reading.content_after_finish += 1
             reading.reasoning += reasoning_of(delta)
             if choice.get("finish_reason") is not None:
                 reading.finishes.append(choice["finish_reason"])
@@ -144,8 +231,11 @@ def read_chat_stream(datas: list[str]) -> StreamReading:
         if isinstance(chunk.get("usage"), dict):
             reading.usage = chunk["usage"]  # with per-chunk usage (vLLM continuous_usage_stats) the last one counts
             reading.usage_chunks += 1
-            reading.usage_where = ("in a separate final chunk (choices: [])" if not choices else
+            reading.usage_where = (SEPARATE_USAGE if not choices else
                                    "inside the chunk with finish_reason" if finished_here else "inside a content chunk")
+            reading.usage_last = True
+        else:
+            reading.usage_last = False
     return reading
 
 
@@ -163,8 +253,10 @@ def judge_stream_end(reply: StreamReply, reading: StreamReading, findings: Findi
     return False
 
 
-def judge_stream_format(reply: StreamReply, reading: StreamReading, findings: Findings) -> None:
-    """Every event well-formed: SSE content type, UTF-8, JSON chunks, no in-band errors, role on the first delta."""
+def judge_stream_format(reply: StreamReply, reading: StreamReading, findings: Findings, *,
+                        strict: bool = False, expected_object: str = "chat.completion.chunk") -> None:
+    """Every event well-formed: SSE content type, UTF-8, JSON chunks, no in-band errors, role on the first delta.
+    `strict` (the framing check) fails what the story's check only warns about: a missing role delta."""
     if reply.content_type != "text/event-stream":
         findings.warn(f"content type is {reply.content_type}, not text/event-stream")
     try:
@@ -177,27 +269,39 @@ def judge_stream_format(reply: StreamReply, reading: StreamReading, findings: Fi
     for error in reading.errors:
         findings.fail(f"the stream carried an error: {error}")
     if reading.other_objects:
-        findings.warn(f"chunk object is {', '.join(sorted(reading.other_objects))}, expected chat.completion.chunk")
+        findings.warn(f"chunk object is {', '.join(sorted(reading.other_objects))}, expected {expected_object}")
     if reading.saw_delta and reading.first_role != "assistant":
-        findings.warn(f"the first delta has role {reading.first_role!r}, expected 'assistant'")
+        findings.problem(f"the first delta has role {reading.first_role!r}, expected 'assistant'", strict=strict)
     if len(reading.indexes) > 1:
         findings.fail(f"choices with indexes {sorted(reading.indexes)} arrived; one was asked for")
 
 
-def judge_stream_completion(reading: StreamReading, findings: Findings) -> None:
-    """What a complete stream must have delivered: one finish_reason, usage, and some text."""
+def judge_stream_completion(reading: StreamReading, findings: Findings, *, strict: bool = False) -> None:
+    """What a complete stream must have delivered: one finish_reason, usage, and some text. `strict` (the framing
+    check) fails a stream without the usage that stream_options.include_usage asked for, and warns when usage is
+    not in a chunk of its own."""
     if not reading.finishes:
         findings.fail("no choice reached a finish_reason")
     elif len(reading.finishes) > 1:
         findings.fail(f"finish_reason arrived {len(reading.finishes)} times ({', '.join(map(str, reading.finishes))})")
     elif reading.finishes[0] not in FINISH_REASONS:
         findings.fail(f"finish_reason is {reading.finishes[0]!r}, expected one of {', '.join(FINISH_REASONS)}")
+    if reading.content_after_finish:
+        findings.fail(f"{reading.content_after_finish} chunk(s) carried text after the finish_reason")
     if reading.usage is None:
-        findings.warn("no usage despite stream_options.include_usage")  # llama-cpp-python never streams usage
+        # llama-cpp-python never streams usage
+        findings.problem("no usage despite stream_options.include_usage", strict=strict)
     else:
         check_usage(reading.usage, findings, "the stream")
-        findings.note(f"usage {reading.usage_where}" +
-                      (f" (usage on {reading.usage_chunks} chunks)" if reading.usage_chunks > 1 else ""))
+        where = f"usage {reading.usage_where}" + (
+            f" (usage on {reading.usage_chunks} chunks)" if reading.usage_chunks > 1 else "")
+        if strict and reading.usage_where != SEPARATE_USAGE:
+            # transformers serve: usage rides on the chunk with finish_reason; OpenAI sends a chunk of its own
+            findings.warn(f"{where}, not in a final chunk of its own with choices: [] as OpenAI sends it")
+        elif strict and not reading.usage_last:
+            findings.warn(f"{where}, but not as the last chunk before [DONE]")
+        else:
+            findings.note(where)
     # Correctness is the chat check's business; here the streamed text only has to exist and match it.
     check_content(reading.text, reading.reasoning, findings, "streamed")
 
@@ -210,9 +314,14 @@ def compare_with_chat(streamed: str, chat_text: str | None, findings: Findings) 
     elif streamed == chat_text:
         findings.note("same text as the non-streamed answer")
     else:
-        at = first_difference(streamed, chat_text)
-        findings.fail(f"streamed text differs from the non-streamed answer at character {at}: "
-                      f"stream {_raw_quoted(streamed[at:at + 20])} vs chat {_raw_quoted(chat_text[at:at + 20])}")
+        findings.fail("streamed text differs from the non-streamed answer "
+                      + describe_difference(streamed, chat_text, "stream", "chat"))
+
+
+def describe_difference(a: str, b: str, a_name: str, b_name: str) -> str:
+    """Where two texts part, with 20 characters of each from there."""
+    at = first_difference(a, b)
+    return f"at character {at}: {a_name} {_raw_quoted(a[at:at + 20])} vs {b_name} {_raw_quoted(b[at:at + 20])}"
 
 
 def _raw_quoted(text: str) -> str:

@@ -1,0 +1,144 @@
+"""Token usage: consistent sums, the same counts streamed and not, and counts that match a tokenizer's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servelab.verify.checks.common import (chat_body, check_usage, quoted, read_chat_stream, send_chat,
+                                           send_stream, usage_counts)
+from servelab.verify.checks.limits import LONG_PROMPT
+from servelab.verify.checks.registry import CheckContext, Evidence, Findings, Verdict, check, skip
+from servelab.verify.http import BadResponse, request_raw
+
+USAGE_MAX_TOKENS = 16
+COUNT_MAX_TOKENS = 24
+
+
+@check("usage", "usage adds up (prompt + completion = total) and is the same streamed and not")
+async def usage_consistent(ctx: CheckContext, evidence: Evidence) -> Verdict:
+    assert ctx.model is not None
+    findings = Findings()
+    plain = await send_chat(ctx, evidence, chat_body(ctx.model, LONG_PROMPT, USAGE_MAX_TOKENS))
+    check_usage(plain.usage, findings, "the response")
+    stream = await send_stream(ctx, None, chat_body(ctx.model, LONG_PROMPT, USAGE_MAX_TOKENS, stream=True))
+    reading = read_chat_stream([event.data for event in stream.events])
+    counts = usage_counts(plain.usage)
+    if reading.usage is None:
+        findings.note("the stream carried no usage to compare (see stream_framing)")
+    else:
+        check_usage(reading.usage, findings, "the stream")
+        streamed = usage_counts(reading.usage)
+        if counts and streamed and counts != streamed:
+            text = "the same text" if reading.text == plain.text else "a different text"
+            (findings.fail if reading.text == plain.text else findings.warn)(
+                f"streamed usage {fmt(streamed)} differs from plain usage {fmt(counts)} for {text}")
+        elif counts and streamed:
+            findings.note("the streamed usage equals the plain one")
+    return findings.verdict(f"usage {fmt(counts) if counts else plain.usage!r}")
+
+
+def fmt(counts: tuple[int, int, int]) -> str:
+    return f"{counts[0]} prompt + {counts[1]} completion = {counts[2]}"
+
+
+# ---- usage_count -------------------------------------------------------------------------------------------------
+
+# Tokenizer endpoints, tried in order: (name, path). `tokenize_body` says what each one is sent.
+TOKENIZERS: list[tuple[str, str]] = [
+    ("llama.cpp /tokenize", "/tokenize"),
+    ("vLLM /tokenize", "/tokenize"),
+    ("llama-cpp-python /extras/tokenize", "/extras/tokenize"),
+]
+
+
+def tokenize_body(name: str, model: str, text: str, special: bool) -> dict[str, Any]:
+    if name.startswith("llama.cpp"):
+        return {"content": text, "add_special": special}
+    if name.startswith("vLLM"):
+        return {"model": model, "prompt": text, "add_special_tokens": special}
+    return {"input": text}  # llama-cpp-python adds special tokens its own way; the empty-text count corrects it
+
+
+def token_count(body: Any) -> int | None:
+    if isinstance(body, dict):
+        if isinstance(body.get("tokens"), list):
+            return len(body["tokens"])
+        if isinstance(body.get("count"), int):
+            return body["count"]
+    return None
+
+
+async def count_tokens(ctx: CheckContext, name: str, text: str, special: bool = False) -> int | None:
+    assert ctx.model is not None
+    path = dict(TOKENIZERS)[name]
+    try:
+        reply = await request_raw(ctx.session, "POST", ctx.base_url, path, tokenize_body(name, ctx.model, text,
+                                                                                          special))
+    except BadResponse:
+        return None
+    return token_count(reply.json()) if 200 <= reply.status < 300 else None
+
+
+async def find_tokenizer(ctx: CheckContext) -> str | None:
+    """The first tokenizer endpoint that counts a test text, remembered for the run."""
+    if "tokenizer" not in ctx.facts:
+        ctx.facts["tokenizer"] = None
+        for name, _ in TOKENIZERS:
+            if await count_tokens(ctx, name, "Hello world") is not None:
+                ctx.facts["tokenizer"] = name
+                break
+    return ctx.facts["tokenizer"]
+
+
+@check("usage_count", "completion_tokens matches the server's tokenizer count of the answer")
+async def usage_count(ctx: CheckContext, evidence: Evidence) -> Verdict:
+    assert ctx.model is not None
+    tokenizer = await find_tokenizer(ctx)
+    if tokenizer is None:
+        tried = ", ".join(sorted({path for _, path in TOKENIZERS}))
+        return skip(f"no tokenizer endpoint to count with (tried {tried}); servelab does not ship tokenizers")
+    answer = await send_chat(ctx, evidence, chat_body(ctx.model, LONG_PROMPT, COUNT_MAX_TOKENS))
+    counts = usage_counts(answer.usage)
+    if counts is None:
+        return Verdict("fail", f"no integer usage to compare: {answer.usage!r}")
+    overhead = await count_tokens(ctx, tokenizer, "")  # a BOS token some endpoints always add
+    counted = await count_tokens(ctx, tokenizer, answer.text)
+    if counted is None or overhead is None:
+        return Verdict("fail", f"{tokenizer} stopped answering")
+    counted -= overhead
+    findings = Findings()
+    completion = counts[1]
+    # Re-tokenizing a text need not give back the tokens that produced it (merges differ at the edges), and a
+    # finish by end-of-sequence counts a token that has no text: allow a little.
+    slack = max(2, completion // 10) + (1 if answer.finish_reason == "stop" else 0)
+    summary = f"completion_tokens {completion}, {tokenizer} counts {counted} for the answer"
+    if abs(completion - counted) > slack:
+        findings.fail(f"{summary}: off by {abs(completion - counted)}, more than re-tokenization explains")
+    elif completion != counted:
+        findings.note(f"{summary}: within {slack} (re-tokenizing text need not give back the same tokens)")
+    else:
+        findings.note(summary)
+    await judge_prompt_count(ctx, tokenizer, counts[0], findings)
+    return findings.verdict(f"{completion} completion tokens for {quoted(answer.text, 40)}")
+
+
+async def judge_prompt_count(ctx: CheckContext, tokenizer: str, prompt_tokens: int, findings: Findings) -> None:
+    """llama.cpp can render its chat template (/apply-template): then prompt_tokens can be checked too."""
+    if not tokenizer.startswith("llama.cpp"):
+        return
+    request = chat_body(ctx.model or "", LONG_PROMPT, COUNT_MAX_TOKENS)
+    try:
+        reply = await request_raw(ctx.session, "POST", ctx.base_url, "/apply-template",
+                                  {"messages": request["messages"]})
+    except BadResponse:
+        return
+    rendered = reply.json()
+    if not (200 <= reply.status < 300 and isinstance(rendered, dict) and isinstance(rendered.get("prompt"), str)):
+        return
+    counted = await count_tokens(ctx, tokenizer, rendered["prompt"], special=True)
+    if counted is None:
+        return
+    if abs(counted - prompt_tokens) > 1:
+        findings.fail(f"prompt_tokens {prompt_tokens}, but the templated prompt counts {counted}")
+    else:
+        findings.note(f"prompt_tokens {prompt_tokens} matches the templated prompt ({counted})")
