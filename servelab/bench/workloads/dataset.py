@@ -108,7 +108,9 @@ class DatasetWorkload:
 
     def describe(self, accepts_ignore_eos: bool, accepts_min_tokens: bool = False) -> dict[str, Any]:
         counted = [it.input_tokens for it in self.items if it.input_tokens is not None]
-        return {"kind": self.kind, "format": self.format, "path": str(self.path), "sha256": file_sha256(self.path),
+        if not hasattr(self, "_sha256"):  # a full ShareGPT dump is ~0.6 GB: hash it once, not per describe()
+            self._sha256 = file_sha256(self.path)
+        return {"kind": self.kind, "format": self.format, "path": str(self.path), "sha256": self._sha256,
                 "items": len(self.items), "skipped": self.skipped, "endpoint": self.endpoint,
                 **self.output.describe(accepts_ignore_eos, accepts_min_tokens),
                 "output_lengths": "from the dataset" if self.output_from_dataset else
