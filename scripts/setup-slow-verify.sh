@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the engines for the slow verify tier (tests/test_verify_engines_slow.py), in venvs of their own:
-#   .venv-lcpp          llama-cpp-python[server]   (compiled from the sdist: ~4 min on 2 cores the first time)
-#   .venv-tf            torch (CPU) + transformers[serving] + gguf
+#   .venv-lcpp                  llama-cpp-python[server] (compiled from the sdist: ~4 min on 2 cores)
+#   .venv-tf                    torch (CPU) + transformers[serving] + gguf
 #   .venv-tf/models/smollm2-hf  SmolLM2-135M-Instruct converted from the GGUF to an HF folder (transformers serve)
 # .venv (the default, torch-free, compile-free install) is never touched. Idempotent: each step is skipped when
 # its result is already there (a stamp file is written only after a step succeeds), and each step holds a lock so
@@ -33,9 +33,19 @@ setup_lcpp() {
   if [ -f "$stamp" ]; then echo "$venv: ready"; return; fi
   echo "$venv: installing llama-cpp-python[server] (compiles from source, ~4 min on 2 cores)…" >&2
   [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+  # Not -march=native (ggml's default): on this VM the CPU advertises AMX, the kernel does not grant it, and the
+  # native build dies with "Illegal instruction" at the first request. AVX2/FMA (x86-64-v3) runs on any recent
+  # x86 machine. --no-cache-dir: pip keys its wheel cache by the sdist, not by CMAKE_ARGS, and would reuse a
+  # native wheel built earlier.
+  CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON}" \
   CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
-    "$venv/bin/python" -m pip install "${PIP_FLAGS[@]}" 'llama-cpp-python[server]'
-  "$venv/bin/python" -c 'import llama_cpp.server'
+    "$venv/bin/python" -m pip install "${PIP_FLAGS[@]}" --no-cache-dir --force-reinstall 'llama-cpp-python[server]'
+  # A build that imports may still not run: generate one token before calling it ready.
+  "$venv/bin/python" - "$(gguf_path)" <<'PY'
+import sys
+from llama_cpp import Llama
+Llama(model_path=sys.argv[1], n_ctx=64, verbose=False)("Hello", max_tokens=1)
+PY
   touch "$stamp"
   echo "$venv: ready"
 }
@@ -88,9 +98,14 @@ PY
   echo "$out: ready"
 }
 
-case "$WHAT" in
-  lcpp) with_lock lcpp setup_lcpp ;;
-  tf)   with_lock tf setup_tf ;;
-  all)  with_lock lcpp setup_lcpp; with_lock tf setup_tf ;;
-  *)    echo "usage: $0 [lcpp|tf|all]" >&2; exit 2 ;;
-esac
+main() {
+  case "$WHAT" in
+    lcpp) with_lock lcpp setup_lcpp ;;
+    tf)   with_lock tf setup_tf ;;
+    all)  with_lock lcpp setup_lcpp; with_lock tf setup_tf ;;
+    *)    echo "usage: $0 [lcpp|tf|all]" >&2; exit 2 ;;
+  esac
+}
+
+# Everything above is functions, read in full before anything runs: editing this file while it runs is harmless.
+main; exit

@@ -172,6 +172,7 @@ class StreamReply:
     sent_at: float = 0.0
     first_bytes_at: float | None = None
     ended_at: float | None = None
+    event_times: list[float] = field(default_factory=list)  # when each of `events` was complete
 
 
 async def post_stream(session: aiohttp.ClientSession, base_url: str, path: str, body: dict[str, Any],
@@ -192,6 +193,7 @@ async def post_stream(session: aiohttp.ClientSession, base_url: str, path: str, 
                         reply.first_bytes_at = time.perf_counter()
                     reply.raw += chunk
                     _feed(reply, parser, chunk)
+                    reply.event_times.extend([time.perf_counter()] * (len(reply.events) - len(reply.event_times)))
                     if on_progress is not None:
                         on_progress(reply.raw)
             except aiohttp.ClientPayloadError:
@@ -211,6 +213,9 @@ async def post_stream(session: aiohttp.ClientSession, base_url: str, path: str, 
         # invalid bytes anyway (it inspects `raw`); parse a repaired copy so the rest of the stream is judged too.
         repaired = SSEParser()
         reply.events = repaired.feed(reply.raw.decode("utf-8", errors="replace").encode()) + repaired.close()
+    # Events completed only by the end of the body (or re-parsed above) count as arriving at the end.
+    del reply.event_times[len(reply.events):]
+    reply.event_times.extend([reply.ended_at] * (len(reply.events) - len(reply.event_times)))
     return reply
 
 

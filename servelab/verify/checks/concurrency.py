@@ -7,6 +7,7 @@ waits (shared/research/env.md §1), so concurrent benchmarks silently measure tr
 from __future__ import annotations
 
 import asyncio
+import json
 
 from servelab.verify.checks.common import (StreamReading, chat_body, quoted, read_chat_stream, send_stream,
                                            usage_counts)
@@ -14,7 +15,7 @@ from servelab.verify.checks.registry import CheckContext, Evidence, Findings, Ve
 from servelab.verify.http import BadResponse, StreamReply, one_line
 
 CONCURRENCY_PROMPT = "Write a long story about a robot who learns to paint."
-CONCURRENCY_MAX_TOKENS = 48
+CONCURRENCY_MAX_TOKENS = 32
 
 
 @check("concurrency", "Simultaneous streams all complete, each with its finish_reason and framing")
@@ -85,10 +86,26 @@ def judge_lengths(replies: list[tuple[int, StreamReply, StreamReading]], finding
 
 
 def overlap_note(replies: list[tuple[int, StreamReply, StreamReading]]) -> str:
-    """Whether the server ran the streams side by side or one after another (both are correct)."""
-    spans = [(r.first_bytes_at, r.ended_at) for _, r, _ in replies if r.first_bytes_at and r.ended_at]
+    """Whether the server generated the streams side by side or one after another (both are correct). Judged by
+    when text arrived, not when the response began: a queueing server may send headers and a role chunk at once."""
+    spans = sorted(span for _, reply, _ in replies if (span := text_span(reply)) is not None)
     if len(spans) < 2:
         return ""
-    spans.sort()
     overlapped = any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))
     return "; the streams ran side by side" if overlapped else "; the server ran the streams one after another"
+
+
+def text_span(reply: StreamReply) -> tuple[float, float] | None:
+    """From the first to the last event that carried text."""
+    times = [at for event, at in zip(reply.events, reply.event_times) if carries_text(event.data)]
+    return (times[0], times[-1]) if times else None
+
+
+def carries_text(data: str) -> bool:
+    try:
+        chunk = json.loads(data)
+    except json.JSONDecodeError:
+        return False
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    return isinstance(choices, list) and any(
+        isinstance(c, dict) and isinstance(c.get("delta"), dict) and bool(c["delta"].get("content")) for c in choices)

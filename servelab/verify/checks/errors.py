@@ -128,7 +128,7 @@ async def error_context(ctx: CheckContext, evidence: Evidence) -> Verdict:
     evidence.request = body | {"messages": [{"role": "user", "content": f"\"hello \" × {words}"}]}  # not 50 KB
     if n_ctx is None and not isinstance(reply, str) and 200 <= reply.status < 300:
         return Verdict("skip", f"the context length is not published and a {words}-word prompt was accepted: the "
-                               f"context is larger, overflow not tested")
+                               f"context is larger or not enforced; overflow not tested")
     what = f"a {words}-word prompt for a {n_ctx}-token context ({source})" if n_ctx else \
         f"a {words}-word prompt (context length not published)"
     judge_refusal(what, reply, findings, accepted_is="fail")

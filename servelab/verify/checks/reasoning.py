@@ -14,7 +14,7 @@ from servelab.verify.checks.common import (chat_body, is_int, quoted, read_chat_
 from servelab.verify.checks.registry import CheckContext, Evidence, Findings, Verdict, check, skip
 
 REASONING_PROMPT = "What is 17 + 25? Think it through step by step, then give the answer."
-REASONING_MAX_TOKENS = 64
+REASONING_MAX_TOKENS = 32
 THINK_TAG = re.compile(r"</?think>", re.IGNORECASE)
 
 

@@ -15,7 +15,7 @@ from servelab.verify.checks.registry import CheckContext, CheckFailed, Evidence,
 from servelab.verify.http import excerpt, one_line, parse_json, request_raw
 
 TOOL_PROMPT = "What is the weather in Paris right now? Use the get_weather tool."
-TOOL_MAX_TOKENS = 64
+TOOL_MAX_TOKENS = 48
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city name"}},
