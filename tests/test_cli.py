@@ -115,11 +115,18 @@ def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> No
     assert not any(f["severity"] == "serious" for f in well["launch"]["lint"])
     comparison = result["comparison"]
     assert comparison["baseline"] == "misconfigured"
-    peak = next(r for r in comparison["rows"] if r["key"] == "peak.output_tok_s")
-    assert peak["ratios"][1]["verdict"] == "better", peak
+    # one slot queues requests: at the top concurrency (c4 for both) the well-configured engine answers faster.
+    # Peak throughput is not asserted: on two CPU cores one stream nearly saturates them, so batching may not
+    # raise it beyond noise, and the comparison must be free to say so.
+    load = next(r for r in comparison["rows"] if r["key"] == "load.ttft_ms")
+    assert [f["where"] for f in load["figures"]] == ["c4", "c4"]
+    assert load["ratios"][1]["verdict"] == "better", load
     verdicts = " ".join(comparison["verdicts"])
-    assert "well-configured is faster than misconfigured at peak" in verdicts
+    assert "well-configured answers faster than misconfigured under load" in verdicts
     assert "misconfigured is NOT REPRESENTATIVE" in verdicts
+    peak = next(r for r in comparison["rows"] if r["key"] == "peak.output_tok_s")
+    said_faster = "well-configured is faster than misconfigured at peak" in verdicts
+    assert said_faster == (peak["ratios"][1]["verdict"] == "better")
     # the report and the store
     assert Path(result["report"]).is_file()
     listed = servelab("runs", "--out", str(tmp_path), "--json")

@@ -57,6 +57,18 @@ def test_the_slot_limited_run_is_worse_at_peak_and_not_representative() -> None:
     assert any("bad is NOT REPRESENTATIVE" in w for w in c.warnings)
     assert "bad is slower than good at peak" in " ".join(c.verdicts)
     assert not c.runs[1].representative
+    # under the sweep's top load the one-slot server makes requests queue: TTFT much higher (lower is better)
+    load = row(c, "load.ttft_ms")
+    assert load.ratios[1].verdict == "worse" and load.ratios[1].ratio > 2
+    assert [f.where for f in load.figures] == ["c4", "c4"]
+    assert load.figures[1].value == bad.sweep.levels[-1].figures["ttft_ms"].value
+    assert "bad answers slower than good under load: TTFT p50 at c4" in " ".join(c.verdicts)
+
+
+def test_latency_under_load_at_different_levels_is_flagged() -> None:
+    c = compare_runs([run("four", max_concurrency=4), run("two", max_concurrency=2)])
+    assert [f.where for f in row(c, "load.ttft_ms").figures] == ["c4", "c2"]
+    assert any("measured at different levels (c2, c4)" in w for w in c.warnings)
 
 
 def test_intervals_narrow_with_more_data_and_reproduce() -> None:

@@ -25,6 +25,7 @@ class FigureCell(BaseModel):
     value: float | None
     ci: tuple[float, float] | None = None  # the figure's own 95 % interval
     n: int | None = None  # units resampled: requests, or time bins for throughput
+    where: str | None = None  # the level it was measured at, for figures whose level can differ between runs
 
 
 class RatioCell(BaseModel):
@@ -77,9 +78,9 @@ def compare_runs(runs: list[RunData]) -> Comparison:
                  for k, metric in KEY_METRICS.items()} for run in runs]
     rows: list[Row] = []
     for key, metric in KEY_METRICS.items():
-        if _value(baseline, key) is None or all(_value(run, key) is None for run in others):
+        if metric.value(baseline) is None or all(metric.value(run) is None for run in others):
             continue
-        figures = [_figure_cell(run, key, samplers[i][key]) for i, run in enumerate(runs)]
+        figures = [_figure_cell(run, metric, samplers[i][key]) for i, run in enumerate(runs)]
         ratios = [RatioCell(ratio=1.0, verdict="baseline")]
         for i, run in enumerate(others, start=1):
             ratios.append(_ratio_cell(metric, baseline, run, samplers[0][key], samplers[i][key]))
@@ -96,6 +97,11 @@ def compare_runs(runs: list[RunData]) -> Comparison:
     for i, run in enumerate(others, start=1):
         if not any(row.figures[i].value is not None for row in rows):
             comparison.warnings.append(f"{run.name} has none of the figures the baseline has")
+    for row in rows:
+        places = {f.where for f in row.figures if f.where}
+        if len(places) > 1:
+            comparison.warnings.append(f"{row.label}: measured at different levels ({', '.join(sorted(places))}): "
+                                       f"the runs carried different loads")
     comparison.verdicts = verdict_sentences(comparison)
     return comparison
 
@@ -108,19 +114,15 @@ def _unique_names(runs: list[RunData]) -> None:
             run.name = f"{run.name} ({run.ref})"
 
 
-def _value(run: RunData, key: str) -> float | None:
-    fig = run.headline.get(key)
-    return fig.value if fig is not None else None
-
-
-def _figure_cell(run: RunData, key: str, sampler) -> FigureCell:
-    ci = figure_interval(sampler, f"{run.ref}:{key}") if sampler is not None else None
-    return FigureCell(value=_value(run, key), ci=(ci.low, ci.high) if ci else None,
-                      n=sampler.n if sampler is not None else None)
+def _figure_cell(run: RunData, metric: KeyMetric, sampler) -> FigureCell:
+    ci = figure_interval(sampler, f"{run.ref}:{metric.key}") if sampler is not None else None
+    return FigureCell(value=metric.value(run), ci=(ci.low, ci.high) if ci else None,
+                      n=sampler.n if sampler is not None else None,
+                      where=metric.where(run) if metric.where and not run.literal else None)
 
 
 def _ratio_cell(metric: KeyMetric, baseline: RunData, run: RunData, base_sampler, sampler) -> RatioCell:
-    base, value = _value(baseline, metric.key), _value(run, metric.key)
+    base, value = metric.value(baseline), metric.value(run)
     if base is None or value is None or base == 0:
         return RatioCell(ratio=None, verdict="missing")
     ci: Interval | None = None
@@ -179,6 +181,12 @@ def verdict_sentences(comparison: Comparison) -> list[str]:
         if peak is not None and peak.verdict in ("better", "worse"):
             faster = "faster" if peak.verdict == "better" else "slower"
             out.append(f"{run.name} is {faster} than {comparison.baseline} at peak: ×{peak.ratio:.2f} output tok/s")
+        load = next((row for row in comparison.rows if row.key == "load.ttft_ms"), None)
+        if load is not None and load.ratios[i].verdict in ("better", "worse"):
+            faster = "faster" if load.ratios[i].verdict == "better" else "slower"
+            where = load.figures[i].where or "the top level"
+            out.append(f"{run.name} answers {faster} than {comparison.baseline} under load: TTFT p50 at {where} "
+                       f"×{load.ratios[i].ratio:.2f}")
         if parts:
             out.append(f"{run.name} vs {comparison.baseline}: " + "; ".join(parts))
     for run in comparison.runs:

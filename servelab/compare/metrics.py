@@ -1,7 +1,8 @@
 """The figures `compare` sets side by side, which way is better for each, and the data to resample them from.
 
-Each key is a headline key of a run (the figure itself comes from the run, unchanged); `resampler` rebuilds the
-same figure from the run's per-request records so bootstrap.py can put an interval around it.
+Each key names a figure a run already holds (a headline figure, or a figure of one of its levels), taken
+unchanged; `resampler` rebuilds the same figure from the run's per-request records so bootstrap.py can put an
+interval around it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from servelab.bench import metrics as m
 from servelab.compare.bootstrap import BinnedRate, MedianOf, PooledMedian, Resampler, time_bins
 from servelab.compare.sources import RunData
-from servelab.records import Summary
+from servelab.records import Figure, Summary
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,15 @@ class KeyMetric:
     higher_is_better: bool
     definition: str  # anchor in docs/metrics.md
     resampler: Callable[[RunData], Resampler | None] | None = None
+    # Where the figure is read from; None: the run's headline figure under `key`.
+    figure: Callable[[RunData], Figure | None] | None = None
+    # What the figure was measured at, when that can differ between runs (e.g. "c4").
+    where: Callable[[RunData], str | None] | None = None
+
+    def value(self, run: RunData) -> float | None:
+        # literal figures are typed by key; a measured run's figure is read where the metric says
+        fig = self.figure(run) if self.figure and not run.literal else run.headline.get(self.key)
+        return fig.value if fig is not None else None
 
 
 def single_level(run: RunData) -> Summary | None:
@@ -49,9 +59,16 @@ def peak_level(run: RunData) -> Summary | None:
     return None
 
 
-def _per_request(value: Callable) -> Callable[[RunData], Resampler | None]:
+def top_level(run: RunData) -> Summary | None:
+    """The sweep's highest concurrency level: the most load both engines were asked to carry."""
+    levels = [s for s in (run.sweep.levels if run.sweep else []) if s.mode == "concurrency" and s.ok]
+    return max(levels, key=lambda s: s.concurrency) if levels else None
+
+
+def _per_request(value: Callable, level_of: Callable[[RunData], Summary | None] = single_level
+                 ) -> Callable[[RunData], Resampler | None]:
     def build(run: RunData) -> Resampler | None:
-        level = single_level(run)
+        level = level_of(run)
         if level is None:
             return None
         values = [v for v in (value(r) for r in run.records_of(level.tag)) if v is not None]
@@ -95,6 +112,12 @@ _LIST = [
               _per_request(lambda r: _ms(m.ttft_ns(r)))),
     KeyMetric("single.itl_ms", "single-stream ITL ms (p50)", "ms", False, "itl", _itl),
     KeyMetric("peak.output_tok_s", "peak output tok/s", "tok/s", True, "peak-output-tok-s", _peak_throughput),
+    # Latency under the heaviest load of the sweep: where a server that queues requests (one slot) shows it, even
+    # on a machine too small for batching to raise throughput.
+    KeyMetric("load.ttft_ms", "TTFT ms (p50) at the top concurrency", "ms", False, "load-ttft",
+              _per_request(lambda r: _ms(m.ttft_ns(r)), top_level),
+              figure=lambda run: (lambda lv: lv.figures.get("ttft_ms") if lv else None)(top_level(run)),
+              where=lambda run: (lambda lv: lv.tag if lv else None)(top_level(run))),
     # Goodput exists when the bench had SLO targets (an SLO search); compared as a figure, without an interval.
     KeyMetric("slo.goodput_req_s", "goodput req/s (SLO search)", "req/s", True, "goodput"),
 ]

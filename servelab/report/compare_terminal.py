@@ -31,7 +31,7 @@ def render_comparison(console: Console, comparison: Comparison) -> None:
             if fig.value is None:
                 cells.append(Text("–", style="dim"))
                 continue
-            text = Text(fmt(fig.value, _digits(row.unit)))
+            text = Text(fmt(fig.value, _digits(row.unit)) + (f" @{fig.where}" if fig.where else ""))
             if fig.ci:
                 text.append(f" [{fmt(fig.ci[0], _digits(row.unit))}–{fmt(fig.ci[1], _digits(row.unit))}]",
                             style="dim")

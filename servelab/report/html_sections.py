@@ -44,7 +44,7 @@ def comparison_section(c: Comparison) -> str:
             if fig.value is None:
                 cells.append("–")
                 continue
-            text = e(fmt(fig.value, 2 if row.unit == "req/s" else 1))
+            text = e(fmt(fig.value, 2 if row.unit == "req/s" else 1) + (f" @{fig.where}" if fig.where else ""))
             if fig.ci:
                 text += f" <span class=\"dim\">[{e(fmt(fig.ci[0]))}–{e(fmt(fig.ci[1]))}]</span>"
             if ratio.verdict != "baseline" and ratio.ratio is not None:
