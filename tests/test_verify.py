@@ -31,6 +31,7 @@ def real_result(embedded_server) -> VerifyResult:
 
 
 @pytest.mark.engine
+@pytest.mark.timeout(900)  # the shared verify run: ~20 s quiet, minutes on busy cores
 def test_the_real_engine_passes_the_core_checks(real_result, embedded_server):
     checks = {c.id: c for c in real_result.checks}
     assert list(checks) == [c.id for c in CHECKS]
@@ -44,6 +45,7 @@ def test_the_real_engine_passes_the_core_checks(real_result, embedded_server):
 
 
 @pytest.mark.engine
+@pytest.mark.timeout(900)  # the shared verify run: ~20 s quiet, minutes on busy cores
 def test_the_real_engine_story_checks_say_what_they_saw(real_result, embedded_server):
     checks = {c.id: c for c in real_result.checks}
     assert checks["models"].reason.startswith(f"lists 1 model: {embedded_server['model']}")
@@ -66,6 +68,7 @@ def test_the_real_engine_story_checks_say_what_they_saw(real_result, embedded_se
 
 
 @pytest.mark.engine
+@pytest.mark.timeout(900)  # the shared verify run: ~20 s quiet, minutes on busy cores
 def test_the_real_engine_streams_utf8_counts_exactly_and_runs_streams_side_by_side(real_result):
     checks = {c.id: c for c in real_result.checks}
     assert "non-ASCII character(s) arrived intact" in checks["stream_framing"].reason  # SmolLM2 writes "Café"
@@ -78,6 +81,7 @@ def test_the_real_engine_streams_utf8_counts_exactly_and_runs_streams_side_by_si
 
 
 @pytest.mark.engine
+@pytest.mark.timeout(900)  # the shared verify run: ~20 s quiet, minutes on busy cores
 def test_the_real_engine_deviations_are_warnings_with_evidence(real_result):
     checks = {c.id: c for c in real_result.checks}
     # Batching may change temperature-0 text; on llama.cpp it has not, but either way it is never a failure.
