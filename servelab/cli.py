@@ -191,6 +191,9 @@ def bench_cmd(
                                                      "directory.")] = None,
     csv: Annotated[bool, typer.Option("--csv", help="With --out: also write records.csv and levels.csv "
                                                     "(docs/output.md).")] = False,
+    tokenizer: Annotated[str, typer.Option(help="How to count tokens when the server gives no per-chunk counts: "
+                                                "auto (the server's /tokenize when it has one), server, none "
+                                                "(one per chunk, labelled), or a tokenizer.json path.")] = "auto",
     api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -210,7 +213,7 @@ def bench_cmd(
         output_from_dataset=output_from_dataset, input_tokens=input_tokens, prefix_groups=prefix_groups,
         prefix_tokens=prefix_tokens, prefix_group_size=prefix_group_size, ignore_eos=ignore_eos,
         min_tokens=min_tokens, slo=slo, search=search, max_rate=max_rate, max_probes=max_probes, seed=seed,
-        api_key=api_key))
+        api_key=api_key, tokenizer=tokenizer))
     ui = _out_console(as_json)
     rundir = RunDir.create(out, "bench", mode) if out else None
     records = []

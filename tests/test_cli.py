@@ -161,3 +161,11 @@ def test_ctrl_c_during_run_stops_the_engine_and_keeps_what_was_measured(tmp_path
     assert summary["single"]["levels"][0]["ok"] >= 2
     for pid in engine_pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_an_unknown_tokenizer_is_a_one_line_error(tmp_path: Path) -> None:
+    from servelab.calibration import start_calibration_server
+
+    with start_calibration_server() as cal:
+        proc = servelab("bench", cal.url, "--requests", "1", "--tokenizer", str(tmp_path / "nope.json"))
+    assert_one_line_error(proc, "unknown tokenizer")

@@ -54,6 +54,7 @@ class BenchArgs:
     max_probes: int = 8
     seed: int = 0
     api_key: str | None = None
+    tokenizer: str = "auto"
 
 
 def build_options(a: BenchArgs) -> BenchOptions:
@@ -74,7 +75,7 @@ def build_options(a: BenchArgs) -> BenchOptions:
                         single_requests=a.requests or DEFAULT_SINGLE_REQUESTS, warmup=a.warmup,
                         level_duration_s=a.duration or DEFAULT_LEVEL_DURATION_S,
                         max_concurrency=a.max_concurrency or DEFAULT_SWEEP_MAX_CONCURRENCY, api_key=a.api_key,
-                        plan=build_plan(a, slos))
+                        plan=build_plan(a, slos), tokenizer=a.tokenizer)
 
 
 def build_plan(a: BenchArgs, slos) -> LoadPlan:
