@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from servelab.records import CountMethod, Distribution, Figure, RequestRecord, Summary
 
@@ -239,3 +239,14 @@ def _eos_only(r: RequestRecord) -> bool:
 
 def _ms(ns: int | None) -> float | None:
     return ns / NS_PER_MS if ns is not None else None
+
+
+def peak_figures(levels: Sequence[Summary], *, load_key: str, load: Callable[[Summary], float], load_unit: str,
+                 note: Callable[[Summary], str]) -> dict[str, Figure]:
+    """The `peak.*` headline figures from the level with the highest output tok/s (docs/metrics.md)."""
+    best = max(levels, key=lambda s: s.figures["output_tok_s"].value or 0.0)
+    fig = best.figures["output_tok_s"].model_copy()
+    fig.note = note(best)
+    return {"peak.output_tok_s": fig,
+            f"peak.{load_key}": Figure(value=load(best), unit=load_unit, definition="peak-output-tok-s"),
+            "peak.request_s": best.figures["request_s"]}

@@ -25,7 +25,7 @@ from servelab.bench.client import StreamClient
 from servelab.bench.loads import Target, rate_tag, run_concurrency, run_rate
 from servelab.bench.loads.arrivals import Arrival
 from servelab.bench.loads.search import Dimension, SearchSpace, search_max_load
-from servelab.bench.metrics import goodput_figures
+from servelab.bench.metrics import goodput_figures, peak_figures
 from servelab.bench.slo import SLO, describe as describe_slos, level_verdict
 from servelab.bench.workloads import counter_for
 from servelab.errors import UserError
@@ -269,12 +269,8 @@ def plan_headline(result: BenchResult) -> dict[str, Figure]:
     rate_levels = [s for s in result.levels if s.mode == "rate" and s.rate is not None
                    and s.figures["output_tok_s"].value]
     if rate_levels and not any(s.mode == "concurrency" for s in result.levels):
-        best = max(rate_levels, key=lambda s: s.figures["output_tok_s"].value or 0.0)
-        fig = best.figures["output_tok_s"].model_copy()
-        fig.note = f"at {best.rate:g} req/s offered"
-        out["peak.output_tok_s"] = fig
-        out["peak.rate"] = Figure(value=best.rate, unit="req/s", definition="peak-output-tok-s")
-        out["peak.request_s"] = best.figures["request_s"]
+        out.update(peak_figures(rate_levels, load_key="rate", load=lambda s: s.rate, load_unit="req/s",
+                                note=lambda s: f"at {s.rate:g} req/s offered"))
     search = result.search or {}
     if search.get("best") is not None:
         by_rate = search["dimension"] == "rate"

@@ -18,7 +18,7 @@ import aiohttp
 
 from servelab.bench.client import ClientOptions, Deadlines, StreamClient
 from servelab.bench.loads import Recorder, Target, make_spec, run_concurrency, run_single
-from servelab.bench.metrics import summarize
+from servelab.bench.metrics import peak_figures, summarize
 from servelab.bench.plans import (PLAN_MODES, LoadPlan, annotate_partial, plan_headline, prepare_workload,
                                   run_plan)
 from servelab.bench.tokenizer import (LlamaCppServerTokenizer, Tokenizer, probe_server_tokenizer,
@@ -109,12 +109,8 @@ def headline(result: BenchResult) -> dict[str, Figure]:
                 out[f"{prefix}.{key}"] = single.figures[key]
     conc_levels = [s for s in result.levels if s.mode == "concurrency" and s.figures["output_tok_s"].value]
     if conc_levels:
-        best = max(conc_levels, key=lambda s: s.figures["output_tok_s"].value or 0.0)
-        fig = best.figures["output_tok_s"].model_copy()
-        fig.note = f"at concurrency {best.concurrency}"
-        out["peak.output_tok_s"] = fig
-        out["peak.concurrency"] = Figure(value=best.concurrency, unit="streams", definition="peak-output-tok-s")
-        out["peak.request_s"] = best.figures["request_s"]
+        out.update(peak_figures(conc_levels, load_key="concurrency", load=lambda s: s.concurrency,
+                                load_unit="streams", note=lambda s: f"at concurrency {s.concurrency}"))
     out.update(plan_headline(result))
     return out
 
