@@ -165,3 +165,7 @@ def host_gpu_count() -> int:
     from servelab.provenance import host_info  # late: provenance is heavier than this module needs at import
 
     return len(host_info().gpus)
+
+# uvicorn's own start-up lines (llama-cpp-python, transformers serve, SGLang, vLLM all serve through it).
+UVICORN_STARTUP = r"Started server process|Waiting for application startup|Application startup complete"
+UVICORN_RUNNING = r"Uvicorn running on http://"  # absent when the app hands uvicorn a pre-bound socket (vLLM)

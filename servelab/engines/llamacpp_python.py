@@ -17,6 +17,8 @@ from typing import Any
 from servelab.engines.base import EngineAdapter, EngineSpec, Launch, PhasePattern
 from servelab.engines.common import (
     PROBE_ACCESS_LINE,
+    UVICORN_RUNNING,
+    UVICORN_STARTUP,
     base_url,
     flag_value,
     host_gpu_count,
@@ -37,8 +39,7 @@ LLAMACPP_PYTHON_PHASES = [
     PhasePattern("allocating context", re.compile(r"llama_context: constructing llama_context|llama_kv_cache")),
     PhasePattern("chat format", re.compile(r"Model metadata:|Guessed chat format|Using gguf chat template|"
                                            r"Using fallback chat format|Using chat (?:eos|bos)")),
-    PhasePattern("starting HTTP server", re.compile(r"Started server process|Waiting for application startup|"
-                                                    r"Application startup complete")),
+    PhasePattern("starting HTTP server", re.compile(UVICORN_STARTUP)),
 ]
 
 
@@ -48,7 +49,7 @@ class LlamaCppPython(EngineAdapter):
     install_hint = INSTALL
     phases = LLAMACPP_PYTHON_PHASES
     weight_phases = frozenset({"loading model"})
-    ready_line = re.compile(r"Uvicorn running on http://")
+    ready_line = re.compile(UVICORN_RUNNING)
     heartbeat_lines = re.compile(PROBE_ACCESS_LINE)
     failure_lines = re.compile(r"Failed to load model|ValueError: |error loading model")
     cmdline_markers = ("llama_cpp.server",)

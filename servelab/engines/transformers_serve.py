@@ -21,6 +21,8 @@ from servelab.engines.base import EngineAdapter, EngineSpec, Launch, PhasePatter
 from servelab.engines.common import (
     PROBE_ACCESS_LINE,
     TQDM_COUNT,
+    UVICORN_RUNNING,
+    UVICORN_STARTUP,
     base_url,
     has_flag,
     hub_or_path,
@@ -36,8 +38,7 @@ INSTALL = ("pip install torch==2.13.0 'transformers[serving]' in a venv of its o
 TRANSFORMERS_PHASES = [
     PhasePattern("loading weights", re.compile(r"\bLoading (?P<detail>\S+)$")),
     PhasePattern("loading weights", re.compile(r"Loading weights:" + TQDM_COUNT), progress=True),
-    PhasePattern("starting HTTP server", re.compile(r"Started server process|Waiting for application startup|"
-                                                    r"Application startup complete")),
+    PhasePattern("starting HTTP server", re.compile(UVICORN_STARTUP)),
 ]
 
 
@@ -47,7 +48,7 @@ class TransformersServe(EngineAdapter):
     install_hint = INSTALL
     phases = TRANSFORMERS_PHASES
     weight_phases = frozenset({"loading weights"})
-    ready_line = re.compile(r"Uvicorn running on http://")
+    ready_line = re.compile(UVICORN_RUNNING)
     heartbeat_lines = re.compile(PROBE_ACCESS_LINE)
     failure_lines = re.compile(r"Traceback \(most recent call last\)|Error: ")
     cmdline_markers = ("transformers serve", "transformers.cli.transformers serve")
