@@ -171,11 +171,14 @@ class Summary(BaseModel):
     tag: str
     mode: Literal["single", "concurrency", "rate"]  # rate: open loop at a request rate
     concurrency: int  # closed loop: streams; open loop: the max-concurrency cap, 0 when uncapped
-    requests: int  # measured requests (warm-up excluded)
+    requests: int  # measured requests sent (warm-up excluded): ok + failed + cancelled
     ok: int
-    failed: int
-    errors: dict[str, int] = Field(default_factory=dict)  # error_kind -> count
+    failed: int  # requests that ended in an error (cancelled ones are not failures)
+    errors: dict[str, int] = Field(default_factory=dict)  # error_kind -> count, over the failed requests
     window_s: float  # the measurement window aggregate rates are computed over
+    # Requests cut off in flight by an interruption (Ctrl-C), recorded with error_kind "cancelled": neither ok
+    # nor failed, outside every figure. Defaults to 0 so files written before the field existed still load.
+    cancelled: int = 0
     figures: dict[str, Figure] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
     server: ServerEvidence | None = None  # the server's own metrics, when it exposes /metrics

@@ -3,6 +3,8 @@
 Nothing here talks HTTP or reads a clock: give it records and a measurement window, get a Summary.
 Latency distributions are over every sample (every token gap of every request), never means of per-request means,
 so a rare long stall shows in p99 instead of being averaged away.
+Requests cancelled in flight (Ctrl-C) are neither successes nor failures: they are counted (`cancelled`) and kept
+out of every figure and error count, since they did not run to their end (docs/metrics.md#cancelled).
 """
 
 from __future__ import annotations
@@ -98,6 +100,11 @@ def chunk_gaps_ms(r: RequestRecord) -> list[float]:
     return [(t - t_prev) / NS_PER_MS for (t_prev, _), (t, _) in zip(ev, ev[1:])]
 
 
+def is_cancelled(r: RequestRecord) -> bool:
+    """Stopped by the client while in flight (Ctrl-C): incomplete, but neither a success nor a failure."""
+    return r.error_kind == "cancelled"
+
+
 def counted_by(records: Sequence[RequestRecord]) -> CountMethod | str | None:
     methods = {r.count_method for r in records}
     if not methods:
@@ -123,7 +130,8 @@ def summarize(records: Sequence[RequestRecord], *, tag: str, mode: str, concurre
     With `slos` (bench/slo.py targets), also goodput and SLO attainment."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
-    failed = [r for r in measured if not r.ok]
+    cancelled = [r for r in measured if not r.ok and is_cancelled(r)]
+    failed = [r for r in measured if not r.ok and not is_cancelled(r)]
     ws, we = window
     window_s = max(we - ws, 0) / NS_PER_S
     method = counted_by(ok)
@@ -154,13 +162,18 @@ def summarize(records: Sequence[RequestRecord], *, tag: str, mode: str, concurre
 
     warnings = token_accounting_warnings(ok) + length_control_warnings(ok)
     if failed:
-        warnings.append(f"{len(failed)} of {len(measured)} requests failed; they are excluded from latency "
+        warnings.append(f"{len(failed)} of {len(ok) + len(failed)} requests failed; they are excluded from latency "
                         f"figures and counted under `errors`")
+    if cancelled:
+        warnings.append(f"{len(cancelled)} of {len(measured)} requests were cancelled in flight (interrupted); "
+                        f"they are kept in records.jsonl with error_kind \"cancelled\" and what they had received, "
+                        f"counted under `cancelled`, and excluded from every figure and from `failed`")
     if method == "chunk_count":
         warnings.append("tokens were counted as one per SSE chunk: the server gave no per-chunk token counts "
                         "and no tokenizer was used; token figures are approximate")
     return Summary(tag=tag, mode=mode, concurrency=concurrency, requests=len(measured), ok=len(ok),
-                   failed=len(failed), errors=dict(Counter(r.error_kind or "unknown" for r in failed)),
+                   failed=len(failed), cancelled=len(cancelled),
+                   errors=dict(Counter(r.error_kind or "unknown" for r in failed)),
                    window_s=window_s, figures=figures, warnings=warnings)
 
 
@@ -211,10 +224,11 @@ def _generated(r: RequestRecord) -> int:
 def goodput(records: Sequence[RequestRecord], slos: Sequence, window: tuple[int, int]
             ) -> tuple[float | None, float | None]:
     """(goodput in req/s, SLO attainment): requests that met every target and ended inside the window, per second
-    of window; and the fraction of measured requests (failures included) that met every target."""
+    of window; and the fraction of measured requests (failures included, cancelled ones not) that met every
+    target."""
     from servelab.bench.slo import request_meets  # slo.py builds on this module
 
-    measured = [r for r in records if not r.warmup]
+    measured = [r for r in records if not r.warmup and not is_cancelled(r)]
     met = [r for r in measured if request_meets(r, slos)]
     ws, we = window
     window_s = max(we - ws, 0) / NS_PER_S

@@ -214,7 +214,7 @@ async def rate_sweep(state: BenchState, client: StreamClient, target: Target) ->
     best: Summary | None = None
     for rate in (plan.rates if listed else ramp(plan.ramp_start, plan.ramp_factor, plan.max_rate)):
         level = await rate_level(state, client, target, rate)
-        if level.requests and level.failed > level.requests / 2:
+        if level.failed and level.failed > (level.ok + level.failed) / 2:
             state.stop_reason = f"more than half the requests failed at {rate:g} req/s"
             return
         if listed:

@@ -9,7 +9,8 @@ Two judgements (definitions: docs/metrics.md#slo-attainment and #slo-level):
   TPOT meets those targets vacuously, but one without any token cannot meet a TTFT/TTFO target.
 - a level meets the targets when each statistic, computed over all measured requests with every failed request
   counted as infinitely slow, is within its limit. So failures cannot make a level look better by leaving the
-  distribution, and p99 <= X tolerates at most 1 % failures.
+  distribution, and p99 <= X tolerates at most 1 % failures. A request cancelled in flight (Ctrl-C) is no failure:
+  it is left out of both judgements (docs/metrics.md#cancelled).
 """
 
 from __future__ import annotations
@@ -97,10 +98,11 @@ def request_meets(r: RequestRecord, slos: Sequence[SLO]) -> bool:
 
 
 def level_values(records: Sequence[RequestRecord], slo: SLO) -> list[float]:
-    """The samples a level's statistic is taken over; a failed request is one infinite sample."""
+    """The samples a level's statistic is taken over; a failed request is one infinite sample, a cancelled one
+    none (it did not run to its end, and nothing failed)."""
     values: list[float] = []
     for r in records:
-        if r.warmup:
+        if r.warmup or metrics.is_cancelled(r):
             continue
         if not r.ok:
             values.append(math.inf)
@@ -125,7 +127,7 @@ def level_verdict(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> dict
             observed = math.inf
         targets[slo.key] = {"limit_ms": slo.limit_ms, "observed_ms": None if math.isinf(observed) else observed,
                             "passed": observed <= slo.limit_ms}
-    measured = sum(1 for r in records if not r.warmup)
+    measured = sum(1 for r in records if not r.warmup and not metrics.is_cancelled(r))
     return {"passed": measured > 0 and all(t["passed"] for t in targets.values()), "targets": targets}
 
 
