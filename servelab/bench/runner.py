@@ -1,8 +1,9 @@
 """`bench URL`: find out what serves the URL, run single-stream or a concurrency sweep, summarise.
 
 The state of a run lives in a BenchState that is filled as the run goes, so Ctrl-C (or a crash of a later step)
-leaves a partial but correct result: every completed request is kept and the level in progress is summarised
-over the time it actually ran.
+leaves a partial but correct result: every completed request is kept, every request that was in flight is kept
+with error_kind "cancelled" and what it had received, and the level in progress is summarised over the time it
+actually ran.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Literal
 
 import aiohttp
 
+from servelab import aio
 from servelab.bench.client import ClientOptions, Deadlines, StreamClient
 from servelab.bench.loads import Recorder, Target, make_spec, run_concurrency, run_single
 from servelab.bench.metrics import peak_figures, summarize
@@ -71,6 +73,13 @@ class BenchState:
     accepts_min_tokens: bool = False  # the engine honours `min_tokens` (set by plans.prepare_workload)
     current_plan: dict | None = None  # plans.py: mode, rate and load of the level in progress, if it runs one
     search: dict | None = None  # slo-search: probes, bracket and answer (plans.slo_search)
+    client: StreamClient | None = None  # the run's client, for the requests it recorded as cancelled
+
+    def collect_cancelled(self) -> None:
+        """Pass on the requests that were in flight when the run was interrupted and that no load mode took yet
+        (a warm-up request, a task the event loop cancelled last): recorded like any other, as "cancelled"."""
+        if self.client is not None:
+            self.recorder.add_cancelled(self.client)
 
     def result(self, interrupted: bool = False) -> BenchResult:
         levels = list(self.levels)
@@ -192,7 +201,7 @@ async def run_bench(state: BenchState) -> BenchResult:
                     accepts_min_tokens=state.accepts_min_tokens)
     async with MetricsWatcher(state.url, adapter.metric_names if adapter else {}) as watcher, \
             StreamClient(state.url, client_opts) as client:
-        state.watcher = watcher
+        state.watcher, state.client = watcher, client
         if opts.mode == "single":
             await warm_up(state, client, target, tag="single")
             await begin_level(state, "single", 1)
@@ -230,7 +239,7 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
                                    window=window)
         state.levels.append(level)
         tput = level.figures["output_tok_s"].value or 0.0
-        if level.requests and level.failed > level.requests / 2:
+        if level.failed and level.failed > (level.ok + level.failed) / 2:
             state.stop_reason = f"more than half the requests failed at concurrency {concurrency}"
             return
         best_tput = (best.figures["output_tok_s"].value or 0.0) if best is not None else 0.0
@@ -254,6 +263,9 @@ def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], 
     """Run a benchmark to the end, or until Ctrl-C; either way return what was measured."""
     state = BenchState(url=normalize_base_url(url), options=options, recorder=Recorder(on_record=on_record))
     try:
-        return asyncio.run(run_bench(state))
+        return aio.run(run_bench(state))
     except KeyboardInterrupt:
+        # asyncio.run has cancelled and finished every task by now, so every request in flight is on the
+        # client's list; the load modes took theirs already, this takes the rest.
+        state.collect_cancelled()
         return state.result(interrupted=True)

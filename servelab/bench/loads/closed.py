@@ -6,6 +6,9 @@ Each mode returns its records and its measurement window; bench/metrics.py turns
   `duration_s` (or until `max_requests` were sent). The window is first send .. the moment the workers stopped
   sending new requests: requests still running then finish and are recorded, but their tokens after the window
   do not count toward aggregate throughput, so the tail where fewer than c streams run does not dilute it.
+Neither mode cancels a request itself. When the level is cancelled (Ctrl-C), the requests in flight are recorded
+with error_kind "cancelled" and what they had received, through the recorder like any other record, before the
+cancellation goes on (Recorder.add_cancelled).
 """
 
 from __future__ import annotations
@@ -21,13 +24,17 @@ from servelab.records import RequestRecord
 async def run_single(client: StreamClient, workload, target: Target, recorder: Recorder, *,
                      requests: int, warmup: int = 1, tag: str = "single") -> tuple[list[RequestRecord],
                                                                                  tuple[int, int]]:
-    for _ in range(warmup):
-        recorder.add(await client.send(make_spec(workload, target, recorder, tag, warmup=True)))
     measured: list[RequestRecord] = []
-    for _ in range(requests):
-        record = await client.send(make_spec(workload, target, recorder, tag))
-        recorder.add(record)
-        measured.append(record)
+    try:
+        for _ in range(warmup):
+            recorder.add(await client.send(make_spec(workload, target, recorder, tag, warmup=True)))
+        for _ in range(requests):
+            record = await client.send(make_spec(workload, target, recorder, tag))
+            recorder.add(record)
+            measured.append(record)
+    except asyncio.CancelledError:
+        recorder.add_cancelled(client, measured)
+        raise
     if not measured:
         return measured, (0, 0)
     return measured, (measured[0].t_send_ns, max(r.t_end_ns or r.t_send_ns for r in measured))
@@ -56,7 +63,12 @@ async def run_concurrency(client: StreamClient, workload, target: Target, record
             recorder.add(record)
             measured.append(record)
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    except asyncio.CancelledError:
+        # gather has cancelled every worker and waited for it, so each request in flight is on client.cancelled.
+        recorder.add_cancelled(client, measured)
+        raise
     # The window ends when the load generator stopped offering new work: at the deadline, or at the last send
     # when the request budget ran out first.
     budget_spent = max_requests is not None and sent >= max_requests

@@ -1,4 +1,5 @@
-"""What every load mode shares: the recorder that keeps records as they complete, and the target's traits."""
+"""What every load mode shares: the recorder that keeps records as they complete (and those cancelled in flight),
+and the target's traits."""
 
 from __future__ import annotations
 
@@ -26,6 +27,25 @@ class Recorder:
         self.records.append(record)
         if self.on_record is not None:
             self.on_record(record)
+
+    def add_cancelled(self, client, measured: list[RequestRecord] | None = None) -> list[RequestRecord]:
+        """Take the requests `client` had in flight when their tasks were cancelled (Ctrl-C, or a load mode
+        stopping its own tasks) and keep them like any other record: here, through `on_record` (records.jsonl),
+        and in `measured` (the level's records) unless they are warm-up. Each carries error_kind "cancelled"
+        and what it had received (StreamClient.send records it there, since it cannot return it).
+
+        Takes them off the client's list, so calling this again (the runner does, after the event loop has
+        finished every task) never records one twice."""
+        pending = getattr(client, "cancelled", None)
+        if not pending:
+            return []
+        taken = list(pending)
+        del pending[:len(taken)]
+        for record in taken:
+            self.add(record)
+            if measured is not None and not record.warmup:
+                measured.append(record)
+        return taken
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,10 @@ With `max_concurrency`, a request whose time has come waits for one of that many
 
 Measurement window: first scheduled send .. last scheduled send (docs/metrics.md#open-loop-window). It is the span
 over which the load was offered at the requested rate; requests still running after it finish and are recorded,
-but only their tokens inside the window count toward aggregate throughput.
+but only their tokens inside the window count toward aggregate throughput. The level never cancels a request at
+the end of its window; when the level itself is cancelled (Ctrl-C), it cancels the requests in flight, waits for
+them, and passes them on recorded with error_kind "cancelled" (Recorder.add_cancelled). Requests whose time had
+not come, or that were still waiting for a slot, were never sent and leave no record.
 """
 
 from __future__ import annotations
@@ -64,7 +67,15 @@ async def run_rate(client: StreamClient, workload, target: Target, recorder: Rec
                 await asyncio.sleep(delay_ns / 1e9)
             tasks.append(asyncio.create_task(one(spec, due_ns)))
         await asyncio.gather(*tasks)
+    except asyncio.CancelledError:
+        # Interrupted: stop the requests in flight and wait for them (a cancelled gather already did; one
+        # cancelled while the sender slept did not), so each is recorded as cancelled before the level ends.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        recorder.add_cancelled(client, measured)
+        raise
     finally:
-        for task in tasks:  # only when interrupted: a finished gather leaves nothing to cancel
+        for task in tasks:  # only when stopped by an exception: a finished gather leaves nothing to cancel
             task.cancel()
     return measured, (start_ns + offsets[0], start_ns + offsets[-1])
