@@ -7,7 +7,7 @@ from typing import Any
 
 from servelab.compare.compare import Comparison
 from servelab.compare.sources import RunData
-from servelab.report.terminal import fmt
+from servelab.report.terminal import fmt, sent_cell
 
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise", "no interval": "warn",
                   "missing": "dim", "baseline": "dim"}
@@ -76,7 +76,7 @@ def run_section(run: RunData, answers: list[str]) -> str:
     levels = []
     for s in run.levels:
         f = s.figures
-        levels.append([e(s.tag), e(f"{s.ok}/{s.requests}"), e(fmt(_v(f, "output_tok_s"))),
+        levels.append([e(s.tag), e(sent_cell(s)), e(fmt(_v(f, "output_tok_s"))),
                        e(fmt(_v(f, "decode_tok_s"))), e(fmt(_p(f, "ttft_ms", "p50"))), e(fmt(_p(f, "ttft_ms", "p99"))),
                        e(fmt(_p(f, "itl_ms", "p50"))), e(fmt(_p(f, "itl_ms", "p99"))), e(fmt(s.window_s, 2))])
     if levels:

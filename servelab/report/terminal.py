@@ -45,6 +45,12 @@ def _dist_cells(fig: Figure | None) -> list[str]:
     return [fmt(fig.dist.p50), fmt(fig.dist.p99)]
 
 
+def sent_cell(s: Summary, label: str = "") -> str:
+    """`ok/sent`, with the failed and the cancelled (in flight at Ctrl-C) named when there are any."""
+    extra = ", ".join(f"{n} {what}" for n, what in ((s.failed, "failed"), (s.cancelled, "cancelled")) if n)
+    return f"{s.ok}/{s.requests}{label}" + (f" ({extra})" if extra else "")
+
+
 def render_levels(console: Console, result: BenchResult) -> None:
     table = Table(title=f"{result.mode} bench {result.url} (model {result.model})", title_justify="left")
     for col in ("level", "ok/sent", "output tok/s", "req/s", "decode tok/s p50", "TTFT ms p50", "TTFT p99",
@@ -52,7 +58,7 @@ def render_levels(console: Console, result: BenchResult) -> None:
         table.add_column(col, justify="right")
     for s in result.levels:
         f = s.figures
-        table.add_row(s.tag, f"{s.ok}/{s.requests}", fmt(f["output_tok_s"].value), fmt(f["request_s"].value, 2),
+        table.add_row(s.tag, sent_cell(s), fmt(f["output_tok_s"].value), fmt(f["request_s"].value, 2),
                       fmt(f["decode_tok_s"].value), *_dist_cells(f.get("ttft_ms")), *_dist_cells(f.get("itl_ms")),
                       fmt(f["e2e_ms"].value, 0))
     console.print(table)
@@ -114,5 +120,5 @@ def failed_checks(checks: list[CheckResult]) -> list[CheckResult]:
 
 
 def level_line(s: Summary) -> str:
-    return (f"{s.tag}: {fmt(s.figures['output_tok_s'].value)} tok/s, {s.ok}/{s.requests} ok, "
+    return (f"{s.tag}: {fmt(s.figures['output_tok_s'].value)} tok/s, {sent_cell(s, ' ok')}, "
             f"TTFT p50 {fmt(s.figures['ttft_ms'].value, 0)} ms")

@@ -39,8 +39,8 @@ LEVEL_SCALARS = ["output_tok_s", "request_s", "goodput_req_s", "slo_attainment"]
 LEVEL_DISTRIBUTIONS = ["ttft_ms", "ttfo_ms", "itl_ms", "itl_chunk_ms", "tpot_ms", "e2e_ms", "decode_tok_s",
                        "output_tokens", "client_lag_ms"]
 STATS = ["n", "mean", "min", "p50", "p90", "p95", "p99", "max"]
-LEVEL_COLUMNS = (["tag", "mode", "concurrency", "rate", "requests", "ok", "failed", "errors", "window_s",
-                  "counted_by", "slo_passed"] + LEVEL_SCALARS
+LEVEL_COLUMNS = (["tag", "mode", "concurrency", "rate", "requests", "ok", "failed", "cancelled", "errors",
+                  "window_s", "counted_by", "slo_passed"] + LEVEL_SCALARS
                  + [f"{name}_{stat}" for name in LEVEL_DISTRIBUTIONS for stat in STATS] + ["warnings"])
 
 
@@ -74,7 +74,8 @@ def record_row(r: RequestRecord) -> dict[str, Any]:
 def level_row(s: Summary) -> dict[str, Any]:
     row: dict[str, Any] = {
         "tag": s.tag, "mode": s.mode, "concurrency": s.concurrency, "rate": s.rate, "requests": s.requests,
-        "ok": s.ok, "failed": s.failed, "errors": ";".join(f"{k}:{v}" for k, v in sorted(s.errors.items())) or None,
+        "ok": s.ok, "failed": s.failed, "cancelled": s.cancelled,
+        "errors": ";".join(f"{k}:{v}" for k, v in sorted(s.errors.items())) or None,
         "window_s": s.window_s, "counted_by": s.figures["output_tok_s"].counted_by if "output_tok_s" in s.figures
         else None, "slo_passed": s.slo["passed"] if s.slo else None, "warnings": " | ".join(s.warnings) or None}
     for name in LEVEL_SCALARS:
