@@ -107,6 +107,9 @@ class EngineAdapter:
     stream_extras: ClassVar[dict[str, Any]] = {}
     # Whether requests may carry `ignore_eos` (fixed output length). Engines that reject unknown fields must say no.
     accepts_ignore_eos: ClassVar[bool] = False
+    # Whether requests may carry OpenAI-style `min_tokens` (at least that many generated tokens) and the engine
+    # honours it. Engines that ignore unknown fields (llama.cpp) must say no, or a request would look honoured.
+    accepts_min_tokens: ClassVar[bool] = False
     # How to recognise this engine behind a URL: GET this path; `fingerprint` judges the JSON answer.
     fingerprint_path: ClassVar[str | None] = None
     # Prometheus metric names by meaning (ttft, itl, running, waiting, kv_usage, spec_drafted, spec_accepted, ...).

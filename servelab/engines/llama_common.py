@@ -72,6 +72,9 @@ class LlamaCppFamily(EngineAdapter):
     # tokens: exact per-event token counts without a client tokenizer.
     stream_extras = {"timings_per_token": True}
     accepts_ignore_eos = True
+    # tools/server/server-task.cpp params_from_json_cmpl reads no minimum length (only n_predict/max_tokens,
+    # ignore_eos, t_max_predict_ms); an unknown `min_tokens` would be silently ignored
+    accepts_min_tokens = False
     fingerprint_path = "/props"
     metric_names = LLAMA_SERVER_METRICS
     config_paths = ["/props", "/v1/models", "/slots"]

@@ -56,6 +56,9 @@ class LlamaCppPython(EngineAdapter):
     probe_path = "/v1/models"  # no /health: 404. Port closed while loading, 200 once serving
     stream_extras: dict[str, Any] = {}  # it sends no usage in stream mode at all
     accepts_ignore_eos = False  # accepted and silently ignored: output length would not be fixed
+    # llama_cpp/server/types.py `min_tokens` on both request types; app.py turns it into a
+    # MinTokensLogitsProcessor that masks the model's EOS token until that many tokens are out
+    accepts_min_tokens = True
     fingerprint_path = "/v1/models"
     metric_names: dict[str, str] = {}  # no /metrics
     config_paths: list[str] = []  # nothing beyond model ids: the command line is the only config source

@@ -98,6 +98,9 @@ class SGLang(EngineAdapter):
     # Usage on every chunk (running completion_tokens), independent of include_usage in SGLang.
     stream_extras = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     accepts_ignore_eos = True
+    # The OpenAI endpoints take `min_tokens` (protocol.py ChatCompletionRequest/CompletionRequest) and pass it on
+    # as the sampling parameter `min_new_tokens` (serving_chat.py / serving_completions.py _build_sampling_params)
+    accepts_min_tokens = True
     fingerprint_path = "/server_info"
     metric_names = SGLANG_METRICS
     config_paths = ["/server_info", "/get_server_info"]

@@ -65,6 +65,7 @@ class TGI(EngineAdapter):
     probe_path = "/health"  # port closed until ready; 503 {"error":"unhealthy"} afterwards means unhealthy
     stream_extras: dict[str, Any] = {}  # include_usage only: no running count per chunk
     accepts_ignore_eos = False
+    accepts_min_tokens = False  # neither the OpenAI ChatRequest nor GenerateParameters has a minimum length
     fingerprint_path = "/info"
     metric_names = TGI_METRICS
     config_paths = ["/info"]

@@ -55,6 +55,7 @@ class TransformersServe(EngineAdapter):
     probe_path = "/health"
     stream_extras: dict[str, Any] = {}  # stream_options is ignored with a warning; usage always rides the last chunk
     accepts_ignore_eos = False  # HTTP 422 "Unexpected fields in the request"
+    accepts_min_tokens = False  # likewise: not an OpenAI field
     fingerprint_path = None  # /health is {"status":"ok"} like many servers: not a fingerprint
     metric_names: dict[str, str] = {}  # no /metrics
     config_paths = ["/v1/models"]

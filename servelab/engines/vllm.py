@@ -96,6 +96,9 @@ class VLLM(EngineAdapter):
     # Running usage on every chunk; vLLM honours continuous_usage_stats only together with include_usage.
     stream_extras = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     accepts_ignore_eos = True
+    # ChatCompletionRequest / CompletionRequest `min_tokens: int = 0` -> SamplingParams.min_tokens
+    # (vllm/entrypoints/openai/chat_completion/protocol.py)
+    accepts_min_tokens = True
     fingerprint_path = "/version"
     metric_names = VLLM_METRICS
     # Only with VLLM_SERVER_DEV_MODE=1; otherwise the engine-config log line is the source.
