@@ -86,8 +86,8 @@ async def prepare_workload(state: BenchState, session: aiohttp.ClientSession) ->
     from servelab.engines import get_engine
 
     adapter = get_engine(state.engine) if state.engine else None
-    state.accepts_min_tokens = bool(getattr(adapter, "accepts_min_tokens", False))
-    counter = counter_for(state.engine, session, state.url)
+    state.accepts_min_tokens = adapter.accepts_min_tokens if adapter else False
+    counter = counter_for(state.engine, session, state.url, model=state.model)
     await state.options.workload.prepare(counter, needed=planned_requests(state))
 
 

@@ -45,7 +45,8 @@ class SyntheticWorkload:
         if counter is None:
             raise UserError("exact synthetic input lengths need the server's tokenizer, and servelab knows no "
                             "tokenize endpoint for this server",
-                            hint="run against llama.cpp, or use --dataset, or leave --input-tokens unset")
+                            hint="run against an engine servelab recognises (llama.cpp, vLLM, SGLang, TGI, "
+                                 "llama-cpp-python), or use --dataset, or leave --input-tokens unset")
         self.counter_name = counter.name
         self.words = await single_token_words(counter)
         self.overhead = await counter.count_prompt_tokens(chat_or_prompt(self.endpoint, OPENER))
