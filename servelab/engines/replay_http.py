@@ -5,16 +5,65 @@ SGLang: the port is closed until the schedulers are ready; /health and /health_g
 warm-up request has returned, then 200; /server_info (and the deprecated /get_server_info) return the ServerArgs
 fields, `internal_states` with `memory_usage.graph` (0 when no CUDA graph was captured) and the version.
 vLLM: the socket is bound early but not listening (connects are refused); once up, /health is 200 and /version
-answers {"version": ...}. Both list the model at /v1/models. Nothing here generates text.
+answers {"version": ...}. Both list the model at /v1/models.
+
+Once up, each also answers the requests a benchmark sends, in its engine's formats, with a stand-in model:
+- the tokenize endpoint the engine really has (bench/workloads/prompt_tokens.py names the sources): vLLM
+  `POST /tokenize` (messages with add_generation_prompt / add_special_tokens, or a prompt), SGLang
+  `POST /v1/tokenize` and `/tokenize` (exactly one of prompt or messages; `chat_tokenize=False` plays an older
+  SGLang whose request requires a prompt and rejects messages);
+- `/v1/chat/completions` and `/v1/completions`, streamed or not, with `usage.prompt_tokens` counted by the same
+  stand-in tokenizer, so an exact-length workload can be checked against the replay's own usage.
+The stand-in tokenizer is one token per whitespace-separated word; the chat template writes each message as
+`<|im_start|> ROLE CONTENT <|im_end|>` (three tokens and the content's) and the generation prompt as
+`<|im_start|> assistant` (two); a bare prompt gets a BOS where special tokens are added (vLLM's completions and
+tokenize-prompt default, SGLang's likewise; vLLM's chat default adds none). The stand-in model answers
+NATURAL_ANSWER_TOKENS words and stops, unless `ignore_eos` (exactly max_tokens) or `min_tokens` (at least that
+many) say otherwise, as both engines honour them. Every generation request's body is kept in `requests`.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
+import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+BOS = "<s>"
+VOCAB = 49152
+CONTEXT = 32768
+NATURAL_ANSWER_TOKENS = 12
+DEFAULT_MAX_TOKENS = 16
+ANSWER_WORDS = ("the", "replay", "answers", "with", "plain", "words", "one", "token", "each", "until", "it",
+                "stops")
+
+
+def message_text(content: Any) -> str:
+    """A message's text: a string, or the text parts of a content list."""
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
+
+
+def render_chat(messages: list[Any], add_generation_prompt: bool = True) -> str:
+    parts = [f"<|im_start|> {m.get('role', 'user')} {message_text(m.get('content'))} <|im_end|>"
+             for m in messages if isinstance(m, dict)]
+    if add_generation_prompt:
+        parts.append("<|im_start|> assistant")
+    return " ".join(parts)
+
+
+def fake_tokens(text: str, *, bos: bool = False) -> list[int]:
+    """The stand-in tokenizer: one id per whitespace-separated word, stable across runs."""
+    words = ([BOS] if bos else []) + text.split()
+    return [zlib.crc32(w.encode()) % VOCAB for w in words]
+
+
+def _sse(events: list[Any]) -> bytes:
+    return b"".join(b"data: " + (e if isinstance(e, str) else json.dumps(e)).encode() + b"\n\n" for e in events)
 
 
 @dataclass
@@ -26,6 +75,8 @@ class ReplayState:
     health: int = 503  # what /health answers once the port listens
     graphs_captured: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    chat_tokenize: bool = True  # SGLang: whether /v1/tokenize takes messages (recent) or only a prompt (older)
+    requests: list[dict[str, Any]] = field(default_factory=list)  # generation requests seen: path and body
 
     def routes(self, path: str) -> tuple[int, Any]:
         path = path.split("?", 1)[0]
@@ -51,6 +102,116 @@ class ReplayState:
                 return 200, models
         return 404, {"detail": "Not Found"}
 
+    # ---- POST: tokenize and generate ----
+    def post(self, path: str, body: Any) -> tuple[int, bytes, str]:
+        """(status, body bytes, content type) for a POST."""
+        path = path.split("?", 1)[0]
+        if not isinstance(body, dict):
+            return self._json(*self.error(400, "the request body must be a JSON object"))
+        if self.engine == "vllm" and path == "/tokenize" or self.engine == "sglang" and path in (
+                "/v1/tokenize", "/tokenize"):
+            return self._json(*(self.vllm_tokenize(body) if self.engine == "vllm" else self.sglang_tokenize(body)))
+        if path in ("/v1/chat/completions", "/v1/completions"):
+            return self.generate(path, body)
+        return self._json(404, {"detail": "Not Found"})
+
+    def _json(self, status: int, body: Any) -> tuple[int, bytes, str]:
+        return status, json.dumps(body).encode(), "application/json"
+
+    def error(self, status: int, message: str, kind: str = "BadRequestError") -> tuple[int, dict[str, Any]]:
+        if self.engine == "sglang":  # protocol.py ErrorResponse
+            return status, {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+        return status, {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+    def vllm_tokenize(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """TokenizeChatRequest | TokenizeCompletionRequest -> TokenizeResponse."""
+        if isinstance(body.get("messages"), list):
+            generation = body.get("add_generation_prompt", True)
+            if body.get("continue_final_message") and generation:
+                return self.error(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to "
+                                       "True.")
+            tokens = fake_tokens(render_chat(body["messages"], generation),
+                                 bos=bool(body.get("add_special_tokens", False)))
+        elif isinstance(body.get("prompt"), str):
+            tokens = fake_tokens(body["prompt"], bos=bool(body.get("add_special_tokens", True)))
+        else:
+            return self.error(400, "1 validation error: a tokenize request needs `prompt` or `messages`")
+        return 200, {"count": len(tokens), "max_model_len": CONTEXT, "tokens": tokens, "token_strs": None}
+
+    def sglang_tokenize(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """TokenizeRequest -> TokenizeResponse; an older SGLang requires `prompt` and knows no `messages`."""
+        prompt, messages = body.get("prompt"), body.get("messages")
+        if not self.chat_tokenize and prompt is None:
+            return self.error(400, "1 validation error for TokenizeRequest\nprompt\n  Field required")
+        if self.chat_tokenize and (prompt is None) == (messages is None):
+            return self.error(400, "Value error, Exactly one of 'prompt' or 'messages' must be provided.")
+        if prompt is None:
+            tokens = fake_tokens(render_chat(messages if isinstance(messages, list) else []))
+            return 200, {"tokens": tokens, "count": len(tokens), "max_model_len": CONTEXT}
+        special = bool(body.get("add_special_tokens", True))
+        if isinstance(prompt, list):
+            lists = [fake_tokens(str(p), bos=special) for p in prompt]
+            return 200, {"tokens": lists, "count": [len(t) for t in lists], "max_model_len": CONTEXT}
+        tokens = fake_tokens(str(prompt), bos=special)
+        return 200, {"tokens": tokens, "count": len(tokens), "max_model_len": CONTEXT}
+
+    def prompt_tokens(self, path: str, body: dict[str, Any]) -> int | None:
+        """What the engine would count for this request's prompt (None: no usable prompt)."""
+        if path.endswith("/chat/completions"):
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                return None
+            special = self.engine == "vllm" and bool(body.get("add_special_tokens", False))
+            return len(fake_tokens(render_chat(messages, bool(body.get("add_generation_prompt", True))),
+                                   bos=special))
+        prompt = body.get("prompt")
+        return len(fake_tokens(prompt, bos=True)) if isinstance(prompt, str) else None
+
+    def generate(self, path: str, body: dict[str, Any]) -> tuple[int, bytes, str]:
+        self.requests.append({"path": path, "body": body})
+        if self.engine == "vllm" and body.get("model") not in (None, self.model):
+            return self._json(*self.error(404, f"The model `{body.get('model')}` does not exist.",
+                                          "NotFoundError"))
+        prompt = self.prompt_tokens(path, body)
+        if prompt is None:
+            return self._json(*self.error(400, "the request needs messages or a prompt string"))
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
+        natural = max(NATURAL_ANSWER_TOKENS, int(body.get("min_tokens") or 0))
+        n = limit if body.get("ignore_eos") else min(limit, natural)
+        finish = "length" if body.get("ignore_eos") or natural > limit else "stop"
+        pieces = [(" " if i else "") + ANSWER_WORDS[i % len(ANSWER_WORDS)] for i in range(n)]
+        chat = path.endswith("/chat/completions")
+        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-replay-{len(self.requests)}", int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+
+        def usage(done: int) -> dict[str, int]:
+            return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+
+        if not body.get("stream"):
+            choice = {"index": 0, "finish_reason": finish, **(
+                {"message": {"role": "assistant", "content": "".join(pieces)}} if chat else {"text": "".join(pieces)})}
+            return self._json(200, {"id": rid, "object": kind, "created": created, "model": self.model,
+                                    "choices": [choice], "usage": usage(n)})
+        options = body.get("stream_options") or {}
+        every = bool(options.get("continuous_usage_stats"))
+
+        def chunk(delta: dict[str, Any] | str | None, done: int, finish_reason: str | None = None
+                  ) -> dict[str, Any]:
+            choices = [] if delta is None else [{"index": 0, "finish_reason": finish_reason, **(
+                {"delta": delta} if chat else {"text": delta})}]
+            c = {"id": rid, "object": kind + (".chunk" if chat else ""), "created": created, "model": self.model,
+                 "choices": choices}
+            return c | {"usage": usage(done)} if every else c
+
+        events: list[Any] = [chunk({"role": "assistant", "content": ""}, 0)] if chat else []
+        events += [chunk({"content": piece} if chat else piece, i + 1) for i, piece in enumerate(pieces)]
+        events.append(chunk({} if chat else "", n, finish))
+        if options.get("include_usage"):
+            events.append({"id": rid, "object": kind + (".chunk" if chat else ""), "created": created,
+                           "model": self.model, "choices": [], "usage": usage(n)})
+        events.append("[DONE]")
+        return 200, _sse(events), "text/event-stream"
+
     def sglang_server_info(self) -> dict[str, Any]:
         graph_gb = 3.21 if self.graphs_captured else 0.0
         state = {**self.server_args, "last_gen_throughput": 0.0, "effective_max_running_requests_per_dp": 2048,
@@ -65,9 +226,20 @@ def _handler(state: ReplayState) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             status, body = state.routes(self.path)
-            data = json.dumps(body).encode()
+            self.answer(status, json.dumps(body).encode(), "application/json")
+
+        def do_POST(self) -> None:  # noqa: N802
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                self.answer(*state._json(*state.error(400, "the request body is not JSON")))
+                return
+            self.answer(*state.post(self.path, body))
+
+        def answer(self, status: int, data: bytes, content_type: str) -> None:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -78,11 +250,16 @@ def _handler(state: ReplayState) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that drops a kept-alive connection is not news; the replayed log must stay the engine's
+
+
 class ReplayHTTP:
     """Bind, listen and serve in separate steps, as the real engines do them at different moments."""
 
     def __init__(self, host: str, port: int, state: ReplayState):
-        self.server = ThreadingHTTPServer((host, port), _handler(state), bind_and_activate=False)
+        self.server = _Server((host, port), _handler(state), bind_and_activate=False)
         self.server.daemon_threads = True
         self._bound = self._listening = False
 
@@ -98,3 +275,12 @@ class ReplayHTTP:
         self.server.server_activate()
         self._listening = True
         threading.Thread(target=self.server.serve_forever, name="replay-http", daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    def close(self) -> None:
+        if self._listening:
+            self.server.shutdown()
+        self.server.server_close()
