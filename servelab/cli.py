@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from servelab import __version__
+from servelab import __version__, aio
 from servelab.errors import EngineFailed, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -313,8 +313,6 @@ def selftest(
     as_json: JsonOpt = False,
 ) -> None:
     """Measure how much streaming load this machine's client times accurately (against the calibration server)."""
-    import asyncio
-
     from rich.table import Table
 
     from servelab.bench.selftest import run_selftest, save
@@ -325,8 +323,8 @@ def selftest(
             status.update(f"selftest: {level.streams} streams, {level.events_s:,.0f} events/s, "
                           f"p99 error {level.error_ms_p99:.2f} ms")
 
-        result = asyncio.run(run_selftest(tolerance_ms=tolerance, max_streams=max_streams,
-                                          level_duration_s=duration, on_level=on_level))
+        result = aio.run(run_selftest(tolerance_ms=tolerance, max_streams=max_streams,
+                                      level_duration_s=duration, on_level=on_level))
     path = save(result)
     if as_json:
         print(result.model_dump_json(indent=2))

@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 
 import servelab
+from servelab import aio
 from servelab.records import HostInfo, Provenance
 
 REDACTED = "***"
@@ -203,6 +204,7 @@ def build_provenance(*, engine: str | None = None, engine_version: str | None = 
         started_at=started_at or utc_now_iso(),
         servelab_version=servelab.__version__,
         servelab_git_revision=git_revision(),
+        client_event_loop=aio.loop_name(),
         engine=engine,
         engine_version=engine_version,
         command=redact_command(command) if command is not None else None,

@@ -290,6 +290,7 @@ class Provenance(BaseModel):
     started_at: str  # ISO-8601 wall clock
     servelab_version: str
     servelab_git_revision: str | None = None
+    client_event_loop: str | None = None  # "uvloop" or "asyncio": what the bench client ran on
     engine: str | None = None
     engine_version: str | None = None
     command: list[str] | None = None  # exact command line of the engine, secrets redacted

@@ -1,30 +1,37 @@
 """The streaming client: one request in, one RequestRecord out, never an exception.
 
+Layers: bench/http1.py moves bytes (one HTTP/1.1 exchange, the body handed over as it arrives); this module
+gives them meaning (SSE events, OpenAI chunks, the record); bench/tokens.py counts tokens once the stream ended.
+
 Timing: `perf_counter_ns()` right after each socket read returns; every event completed by that read gets that
-time. The hot loop only parses SSE and JSON and appends tuples; token counting happens when the stream has
-ended (bench/tokens.py).
+time. The per-event path runs inside the protocol's data_received callback: parse SSE, parse JSON, append a
+tuple. No task wakes up per event.
 
 Deadlines (all per request): connect, first byte (until the first event that carries a token), idle (the longest
-gap between two reads after that), total. Whichever fires is recorded as the error kind, so a stalled stream costs `idle_s`, not hours.
+gap between two reads after that), total. One timer per request checks them, re-armed only when it fires (a read
+does not touch it), and whichever fires is recorded as the error kind, so a stalled stream costs `idle_s`, not
+hours.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
 
 from servelab.bench.chunks import error_message, read_chunk
+from servelab.bench.http1 import HTTPError, Origin, build_request, open_exchange
 from servelab.bench.sse import SSEDecodeError, SSEParser
 from servelab.bench.tokens import RawChunk, count_tokens
 from servelab.records import ErrorKind, RequestRecord, Usage
 
 _EXCERPT = 300
+_ERROR_BODY_MAX = 64 * 1024  # of an error body, kept for its message
 
 
 @dataclass(frozen=True)
@@ -99,30 +106,30 @@ class ClientOptions:
 
 
 class StreamClient:
-    """A pooled aiohttp session that sends streaming requests and records them. Use as an async context manager."""
+    """Sends streaming requests and records them. Use as an async context manager."""
 
     def __init__(self, base_url: str, options: ClientOptions | None = None):
         self.base_url = base_url.rstrip("/")
         self.options = options or ClientOptions()
-        self._session: aiohttp.ClientSession | None = None
+        self._origin = Origin.from_url(self.base_url)
+        self._headers: dict[str, str] | None = None
+        self._tls: ssl.SSLContext | None = None
+        # Requests that were in flight when their task was cancelled (Ctrl-C, a duration bound): each is recorded
+        # here with error_kind "cancelled" and whatever it had received, since send() cannot return it.
+        self.cancelled: list[RequestRecord] = []
 
     async def __aenter__(self) -> StreamClient:
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
+                   "Accept-Encoding": "gzip, deflate"}
         if self.options.api_key:
             headers["Authorization"] = f"Bearer {self.options.api_key}"
-        # One connection per request: llama.cpp's server closes the connection after every stream although it
-        # advertises keep-alive, and a pooled client then writes its next request into a dead socket. A loopback
-        # connect costs ~0.1 ms, which TTFT includes as any fresh client would pay it.
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=True)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.options.deadlines.connect_s)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers,
-                                              read_bufsize=1 << 20, auto_decompress=True)
+        self._headers = headers
+        if self._origin.scheme == "https":
+            self._tls = ssl.create_default_context()  # loading the CA store costs milliseconds: once per client
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._headers = None
 
     def build_body(self, spec: RequestSpec) -> dict[str, Any]:
         body = dict(spec.body)
@@ -138,9 +145,9 @@ class StreamClient:
         return body
 
     async def send(self, spec: RequestSpec, scheduled_ns: int | None = None) -> RequestRecord:
-        assert self._session is not None, "use StreamClient as an async context manager"
+        assert self._headers is not None, "use StreamClient as an async context manager"
         body = self.build_body(spec)
-        payload = json.dumps(body).encode()
+        payload = orjson.dumps(body)
         sampling = {k: body[k] for k in ("temperature", "top_p", "top_k", "seed", "ignore_eos", "min_tokens")
                     if k in body}
         record = RequestRecord(index=spec.index, tag=spec.tag, warmup=spec.warmup, endpoint=spec.endpoint,
@@ -153,85 +160,126 @@ class StreamClient:
         except _Failure as f:
             record.error_kind, record.error_detail, record.http_status = f.kind, f.detail, f.status or \
                 record.http_status
-        finally:
-            if record.t_end_ns is None:
-                record.t_end_ns = time.perf_counter_ns()
-            record.chunks, record.saw_done, record.finish_reason = state.events, state.saw_done, \
-                state.finish_reason
-        record.usage = state.usage
-        record.events, record.count_method = count_tokens(state.chunks, state.usage)
+        except asyncio.CancelledError:
+            record.error_kind, record.error_detail = "cancelled", f"cancelled after {state.events} events"
+            _finish_record(record, state)
+            self.cancelled.append(record)
+            raise
+        _finish_record(record, state)
         return record
 
     async def _stream(self, payload: bytes, endpoint: str, record: RequestRecord, state: _StreamState,
                       headers: dict[str, str]) -> None:
         d = self.options.deadlines
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        first_byte_deadline, total_deadline = start + d.first_byte_s, start + d.total_s
-        chunks = state.chunks
+        t0 = time.perf_counter_ns()
+        first_byte_limit, total_limit = t0 + int(d.first_byte_s * 1e9), t0 + int(d.total_s * 1e9)
+        idle_ns = int(d.idle_s * 1e9)
+        try:
+            request = build_request(self._origin, endpoint, payload, {**self._headers, **headers}
+                                    if headers else self._headers)
+        except ValueError as exc:
+            raise _Failure("http", f"cannot send the request: {exc}") from None
+        handler = _StreamHandler(record, state)
+        try:
+            exchange = await open_exchange(self._origin, request, handler, min(d.connect_s, d.first_byte_s,
+                                                                                d.total_s), self._tls)
+        except HTTPError as exc:
+            raise _Failure(exc.kind, str(exc)) from None  # type: ignore[arg-type]
 
-        def next_deadline() -> tuple[float, ErrorKind]:
+        chunks = state.chunks
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+
+        def check_deadline() -> None:
+            nonlocal timer
             # Until the first token: the first-byte deadline (a role chunk sent with the headers does not end it:
             # prefill of a long prompt can take longer than any idle gap); then the idle gap; never past the total.
             if not chunks:
-                limit, kind = first_byte_deadline, "timeout_first_byte"
+                limit, kind = first_byte_limit, "timeout_first_byte"
             else:
-                limit, kind = loop.time() + d.idle_s, "timeout_idle"
-            return (limit, kind) if limit < total_deadline else (total_deadline, "timeout_total")
+                limit, kind = exchange.last_read_ns + idle_ns, "timeout_idle"
+            if limit >= total_limit:
+                limit, kind = total_limit, "timeout_total"
+            now = time.perf_counter_ns()
+            if now < limit:
+                # Before the first token, look again within one idle period: the idle deadline starts with it.
+                wake = limit if chunks else min(limit, now + idle_ns)
+                timer = loop.call_later((wake - now) / 1e9, check_deadline)
+                return
+            waited = (now - t0) / 1e9
+            exchange.abort(_Failure(kind, f"{kind.removeprefix('timeout_').replace('_', ' ')} deadline passed "
+                                          f"after {waited:.1f}s ({state.events} events received)"))
 
-        limit, phase = next_deadline()
+        check_deadline()
         try:
-            async with asyncio.timeout_at(limit) as guard:
-                async with self._session.post(self.base_url + endpoint, data=payload,
-                                              headers=headers or None) as resp:
-                    record.t_headers_ns = time.perf_counter_ns()
-                    record.http_status = resp.status
-                    if resp.status >= 400:
-                        raise _Failure("http", f"HTTP {resp.status}: {await _error_text(resp)}", resp.status)
-                    ctype = resp.headers.get("Content-Type", "")
-                    if "text/event-stream" not in ctype:
-                        raise _Failure("parse", await _not_a_stream(resp, ctype), resp.status)
-                    parser = SSEParser()
-                    done = False
-                    while not done:
-                        data = await resp.content.readany()
-                        now_ns = time.perf_counter_ns()
-                        if not data:  # end of body
-                            for ev in parser.close():
-                                done = state.on_event(ev.data, now_ns)
-                            if not done and state.finish_reason is None:
-                                raise _Failure("disconnect", f"connection closed after {state.events} events, "
-                                                             "before any finish_reason or [DONE]")
-                            # A clean end after finish_reason is a complete answer even without [DONE]
-                            # (transformers serve never sends it); `saw_done` keeps the deviation visible.
-                            break
-                        for ev in parser.feed(data):
-                            if state.on_event(ev.data, now_ns):
-                                done = True
-                                break
-                        limit, phase = next_deadline()
-                        guard.reschedule(limit)
-                    record.t_end_ns = time.perf_counter_ns()
-        except TimeoutError:
-            waited = loop.time() - start
-            raise _Failure(phase, f"{phase.removeprefix('timeout_').replace('_', ' ')} deadline passed after "
-                                  f"{waited:.1f}s ({state.events} events received)") from None
-        except aiohttp.ClientConnectorError as exc:
-            raise _Failure("timeout_connect" if isinstance(exc, aiohttp.ConnectionTimeoutError) else "connect",
-                           f"cannot connect: {exc.os_error or exc}") from None
-        except aiohttp.ConnectionTimeoutError as exc:
-            raise _Failure("timeout_connect", f"connect deadline passed: {exc}") from None
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            raise _Failure("disconnect", f"connection lost after {state.events} events: "
-                                         f"{type(exc).__name__}: {exc}") from None
-        except aiohttp.ClientResponseError as exc:
-            raise _Failure("http", f"HTTP {exc.status}: {exc.message}", exc.status) from None
+            await exchange.finished
+        except HTTPError as exc:
+            detail = f"connection lost after {state.events} events: {exc}" if exc.kind == "disconnect" else str(exc)
+            raise _Failure(exc.kind, detail, record.http_status) from None  # type: ignore[arg-type]
         except SSEDecodeError as exc:
             raise _Failure("parse", str(exc)) from None
+        finally:
+            if timer is not None:
+                timer.cancel()
+            exchange.close()
+        record.t_end_ns = time.perf_counter_ns()
 
 
-async def _error_text(resp: aiohttp.ClientResponse) -> str:
-    raw = await resp.read()
+class _StreamHandler:
+    """Receives one response from the exchange: SSE events into the stream state, or an error body."""
+
+    __slots__ = ("record", "state", "parser", "error_body", "content_type")
+
+    def __init__(self, record: RequestRecord, state: _StreamState):
+        self.record, self.state = record, state
+        self.parser = SSEParser()
+        self.error_body: bytearray | None = None  # collected instead of parsed: an error status or not a stream
+        self.content_type = ""
+
+    def on_head(self, status: int, headers: dict[str, str], now_ns: int) -> None:
+        self.record.t_headers_ns = now_ns
+        self.record.http_status = status
+        self.content_type = headers.get("Content-Type", "")
+        if status >= 400 or "text/event-stream" not in self.content_type:
+            self.error_body = bytearray()
+
+    def on_body(self, data: bytes, now_ns: int) -> bool:
+        if self.error_body is not None:
+            if len(self.error_body) < _ERROR_BODY_MAX:
+                self.error_body += data
+            return False
+        on_event = self.state.on_event
+        for ev in self.parser.feed(data):
+            if on_event(ev.data, now_ns):
+                return True
+        return False
+
+    def on_end(self, now_ns: int) -> None:
+        if self.error_body is not None:
+            status, raw = self.record.http_status or 0, bytes(self.error_body)
+            if status >= 400:
+                raise _Failure("http", f"HTTP {status}: {_error_text(raw) or 'no body'}", status)
+            raise _Failure("parse", _not_a_stream(raw, self.content_type), status)
+        state = self.state
+        for ev in self.parser.close():
+            if state.on_event(ev.data, now_ns):
+                return
+        if state.finish_reason is None:
+            raise _Failure("disconnect", f"connection closed after {state.events} events, before any "
+                                         "finish_reason or [DONE]")
+        # A clean end after finish_reason is a complete answer even without [DONE] (transformers serve never
+        # sends it); `saw_done` keeps the deviation visible.
+
+
+def _finish_record(record: RequestRecord, state: _StreamState) -> None:
+    if record.t_end_ns is None:
+        record.t_end_ns = time.perf_counter_ns()
+    record.chunks, record.saw_done, record.finish_reason = state.events, state.saw_done, state.finish_reason
+    record.usage = state.usage
+    record.events, record.count_method = count_tokens(state.chunks, state.usage)
+
+
+def _error_text(raw: bytes) -> str:
     text = raw.decode("utf-8", "replace")
     try:
         obj = json.loads(text)
@@ -241,11 +289,10 @@ async def _error_text(resp: aiohttp.ClientResponse) -> str:
             return str(obj["detail"])[:_EXCERPT]
     except ValueError:
         pass
-    return " ".join(text.split())[:_EXCERPT] or resp.reason or ""
+    return " ".join(text.split())[:_EXCERPT]
 
 
-async def _not_a_stream(resp: aiohttp.ClientResponse, ctype: str) -> str:
-    raw = await resp.read()
+def _not_a_stream(raw: bytes, ctype: str) -> str:
     text = " ".join(raw.decode("utf-8", "replace").split())
     if "json" in ctype:
         try:

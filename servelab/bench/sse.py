@@ -36,6 +36,10 @@ class SSEParser:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Consume bytes; return the events they completed (possibly none)."""
+        if not self._tail and not self._data and not self._pending_cr and chunk.endswith(b"\n\n"):
+            fast = self._feed_whole_events(chunk)
+            if fast is not None:
+                return fast
         if self._pending_cr:
             self._pending_cr = False
             if chunk.startswith(b"\n"):
@@ -61,6 +65,24 @@ class SSEParser:
                 data.append(line[6:] if line[5:6] == b" " else line[5:])
             else:
                 self._line(line, events)
+        return events
+
+    def _feed_whole_events(self, chunk: bytes) -> list[SSEEvent] | None:
+        """The common read: whole `data: …` events and nothing else (no CR, comments, fields or multi-line
+        data). Handled in one split; anything else returns None and takes the general path, before any state
+        has changed."""
+        if b"\r" in chunk:
+            return None
+        events: list[SSEEvent] = []
+        event_id = self._id
+        for block in chunk[:-2].split(b"\n\n"):
+            if not block.startswith(b"data: ") or b"\n" in block:
+                return None
+            try:
+                events.append(SSEEvent(block[6:].decode("utf-8"), None, event_id))
+            except UnicodeDecodeError as exc:
+                raise SSEDecodeError(f"event data is not valid UTF-8 at byte {exc.start}") from exc
+        self._event = None
         return events
 
     def close(self) -> list[SSEEvent]:

@@ -1,0 +1,256 @@
+"""One HTTP/1.1 request whose response body is handed over as it arrives: the transport under the bench client.
+
+Why not aiohttp here: a benchmark client spends almost all its CPU moving events from the socket to the record,
+and with aiohttp each read wakes the reading task through a future and a StreamReader (~20 us of Python per event
+on this machine). Here the response is parsed inside the protocol's `data_received` callback (httptools, the
+C parser uvicorn uses), and the body goes straight to a handler: no task switch per event, one future per request.
+Measured on the calibration server (benchmarks/client_ceiling.py): the client's CPU per streamed token fell
+by more than half. aiohttp stays in use everywhere else in servelab (verify, metrics scrapes, tokenize calls).
+
+What it does: plain and TLS connections, one connection per request (`Connection: close`, see client.py for
+why), Content-Length, chunked and close-delimited bodies, gzip/deflate bodies. What it does not: proxies,
+redirects, keep-alive pooling, HTTP/2 — none of which a benchmark of an inference server should go through
+silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import httptools
+
+from servelab import __version__
+
+USER_AGENT = f"servelab/{__version__}"
+
+
+class HTTPError(Exception):
+    """The exchange failed below HTTP semantics; `kind` says how (the client maps it to an error kind)."""
+
+    kind = "disconnect"
+
+
+class ConnectFailed(HTTPError):
+    kind = "connect"
+
+
+class ConnectTimeout(HTTPError):
+    kind = "timeout_connect"
+
+
+class Disconnected(HTTPError):
+    kind = "disconnect"
+
+
+class MalformedResponse(HTTPError):
+    kind = "parse"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where requests go: scheme, host, port and the base URL's path prefix (e.g. a gateway's /v1-proxy)."""
+
+    scheme: str
+    host: str
+    port: int
+    prefix: str
+
+    @classmethod
+    def from_url(cls, base_url: str) -> Origin:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {base_url!r}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.scheme == "https" else 80
+        return host if self.port == default else f"{host}:{self.port}"
+
+
+def build_request(origin: Origin, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    lines = [f"POST {origin.prefix}{path} HTTP/1.1", f"Host: {origin.host_header}", f"User-Agent: {USER_AGENT}",
+             f"Content-Length: {len(body)}", "Connection: close"]
+    for name, value in headers.items():
+        if any(c in name or c in value for c in "\r\n\0"):
+            raise ValueError(f"header {name!r} contains a line break")
+        lines.append(f"{name}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class ResponseHandler(Protocol):
+    """What an exchange reports to. Each call gets the perf_counter_ns taken right after the socket read that
+    carried the bytes. Exceptions raised here end the exchange with that exception."""
+
+    def on_head(self, status: int, headers: dict[str, str], now_ns: int) -> None: ...
+
+    def on_body(self, data: bytes, now_ns: int) -> bool:
+        """True: the handler has what it needs; the exchange ends now (the rest of the body is not read)."""
+        ...
+
+    def on_end(self, now_ns: int) -> None:
+        """The body ended cleanly (its declared end, or the close that delimits it)."""
+        ...
+
+
+class Exchange(asyncio.Protocol):
+    """The protocol for one request on one connection. `finished` resolves when the handler is done, the body
+    ended, or anything failed."""
+
+    def __init__(self, request: bytes, handler: ResponseHandler, loop: asyncio.AbstractEventLoop):
+        self.request = request
+        self.handler = handler
+        self.finished: asyncio.Future[None] = loop.create_future()
+        self.transport: asyncio.Transport | None = None
+        self.last_read_ns = time.perf_counter_ns()
+        self.bytes_received = 0
+        self._parser = httptools.HttpResponseParser(self)
+        self._headers: dict[str, str] = {}
+        self._head_done = False
+        self._close_delimited = False
+        self._decoder: zlib._Decompress | None = None  # type: ignore[name-defined]
+        self._now_ns = 0
+        self._error: BaseException | None = None  # raised inside a parser callback, re-raised after feed_data
+
+    # ---- asyncio.Protocol ----
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        self._now_ns = self.last_read_ns = time.perf_counter_ns()
+        if self.finished.done():
+            return
+        self.bytes_received += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:  # our own callbacks raised: report that, not the wrap
+            self._finish(self._error or exc.__context__ or MalformedResponse(str(exc)))
+        except httptools.HttpParserError as exc:
+            self._finish(self._error or MalformedResponse(f"malformed HTTP response: {exc}"))
+        if self._error is not None:
+            self._finish(self._error)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.finished.done():
+            return
+        now = time.perf_counter_ns()
+        if self._head_done and self._close_delimited:
+            try:  # a body without length or chunking ends with the connection
+                self._flush_decoder()
+                self.handler.on_end(now)
+            except BaseException as e:  # noqa: BLE001 - whatever the handler raised is the outcome
+                self._finish(e)
+                return
+            self._finish(None)
+            return
+        reason = f": {type(exc).__name__}: {exc}" if exc else ""
+        where = "before the response headers" if not self._head_done else "before the response ended"
+        self._finish(Disconnected(f"connection closed {where}{reason}"))
+
+    # ---- httptools callbacks ----
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.decode("latin-1").title()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # an interim response (e.g. 103): the real one follows
+            self._headers = {}
+            return
+        self._head_done = True
+        headers = self._headers
+        chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+        self._close_delimited = not chunked and "Content-Length" not in headers
+        encoding = headers.get("Content-Encoding", "identity").lower()
+        if encoding in ("gzip", "x-gzip", "deflate"):
+            self._decoder = zlib.decompressobj(wbits=47)  # 32 + 15: zlib or gzip header, detected
+        elif encoding != "identity":
+            self._fail(MalformedResponse(f"the server sent Content-Encoding {encoding!r}, which servelab cannot "
+                                         "decode"))
+            return
+        self._call(self.handler.on_head, status, headers, self._now_ns)
+
+    def on_body(self, body: bytes) -> None:
+        if self._error is not None or self.finished.done():
+            return
+        if self._decoder is not None:
+            body = self._decoder.decompress(body)
+            if not body:
+                return
+        if self._call(self.handler.on_body, body, self._now_ns):
+            self._finish(None)
+
+    def on_message_complete(self) -> None:
+        if self._error is not None or self.finished.done() or not self._head_done:
+            return
+        self._flush_decoder()
+        self._call(self.handler.on_end, self._now_ns)
+        if self._error is None:
+            self._finish(None)
+
+    # ---- internals ----
+    def _call(self, fn, *args):  # type: ignore[no-untyped-def]
+        try:
+            return fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - kept and re-raised to the awaiting request
+            self._fail(exc)
+            return None
+
+    def _flush_decoder(self) -> None:
+        if self._decoder is not None:
+            rest = self._decoder.flush()
+            self._decoder = None
+            if rest:
+                self.handler.on_body(rest, self._now_ns)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+
+    def _finish(self, exc: BaseException | None) -> None:
+        if not self.finished.done():
+            if exc is None:
+                self.finished.set_result(None)
+            else:
+                self.finished.set_exception(exc)
+        self.close()
+
+    def abort(self, exc: BaseException) -> None:
+        """End the exchange from outside (a deadline): the awaiting request gets `exc`."""
+        self._finish(exc)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+
+@functools.cache
+def _default_tls() -> ssl.SSLContext:
+    return ssl.create_default_context()  # loading the CA store costs milliseconds: once
+
+
+async def open_exchange(origin: Origin, request: bytes, handler: ResponseHandler, connect_timeout_s: float,
+                        ssl_context: ssl.SSLContext | None = None) -> Exchange:
+    """Connect and send `request`; the response goes to `handler`. Await `.finished` for the outcome."""
+    loop = asyncio.get_running_loop()
+    exchange = Exchange(request, handler, loop)
+    tls = (ssl_context or _default_tls()) if origin.scheme == "https" else None
+    try:
+        async with asyncio.timeout(connect_timeout_s):
+            await loop.create_connection(lambda: exchange, origin.host, origin.port, ssl=tls,
+                                         server_hostname=origin.host if tls else None)
+    except TimeoutError:
+        raise ConnectTimeout(f"no connection to {origin.host}:{origin.port} within {connect_timeout_s:g}s") \
+            from None
+    except OSError as exc:  # refused, unreachable, unknown host (gaierror), TLS failures (SSLError)
+        raise ConnectFailed(f"cannot connect to {origin.host}:{origin.port}: {exc.strerror or exc}") from None
+    return exchange
