@@ -31,9 +31,10 @@ EXTRAS = {
 SERVER_COUNTED = {"continuous", "llamacpp_timings"}
 
 
-@pytest.fixture(scope="module")
-def calibration():
-    with start_calibration_server(Script(ttft_ms=20, itl_ms=4)) as handle:
+@pytest.fixture(scope="module", params=["precise", "ticker"])
+def calibration(request):
+    """Both of the server's writers: what a client measures must not depend on how the server schedules."""
+    with start_calibration_server(Script(ttft_ms=20, itl_ms=4), writer=request.param) as handle:
         yield handle
 
 

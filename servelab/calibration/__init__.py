@@ -65,7 +65,7 @@ class CalibrationHandle:
 
 
 def start_calibration_server(default: Script | None = None, *, host: str = "127.0.0.1",
-                             spin_us: float | None = None) -> CalibrationHandle:
+                             spin_us: float | None = None, writer: str = "precise") -> CalibrationHandle:
     """Start `python -m servelab.calibration.server` on a free port and wait until GET /health answers 200.
 
     The server binds port 0 itself and reports the port on its first stdout line, so there is no window in
@@ -77,6 +77,8 @@ def start_calibration_server(default: Script | None = None, *, host: str = "127.
         cmd += ["--default-script", default.model_dump_json()]
     if spin_us is not None:
         cmd += ["--spin-us", str(spin_us)]
+    if writer != "precise":
+        cmd += ["--writer", writer]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
     log.close()
     handle = CalibrationHandle(proc, "", log.name)

@@ -33,11 +33,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from pydantic import ValidationError
 
+from servelab import aio
 from servelab.calibration.script import PlannedTokenEvent, Script, plan_token_events
 from servelab.calibration.styles import Dialect, Endpoint, RequestOptions, dialect_for
+from servelab.calibration.ticker import Ticker
 
 MODEL_ID = "calibration"
 TRUTH_KEEP = 4096  # truths kept, oldest dropped first (a 1000-event truth holds ~150 KB)
@@ -180,9 +182,10 @@ class Truth:
 # ----------------------------------------------------------------------------------------------------------
 
 class CalibrationServer:
-    def __init__(self, default: Script | None = None, spin_us: float = 1000.0):
+    def __init__(self, default: Script | None = None, spin_us: float = 1000.0, writer: str = "precise"):
         self.default = default or Script()
         self.spin_ns = int(spin_us * 1000)
+        self.ticker = Ticker() if writer == "ticker" else None  # see ticker.py
         self.truths: OrderedDict[str, Truth] = OrderedDict()
         self.active_streams = 0
 
@@ -291,7 +294,10 @@ class CalibrationServer:
         truth.headers_sent_ns = time.perf_counter_ns()
         t0 = truth.request_received_ns
         try:
-            for write in plan.writes:
+            transport = request.transport
+            if self.ticker is not None and request.version >= HttpVersion11 and transport is not None:
+                await self.ticker.stream(transport, plan.writes, truth)  # HTTP/1.1: aiohttp made the body chunked
+            for write in plan.writes:  # the precise writer (with the ticker, every write is already out)
                 if write.lead:
                     await resp.write(write.lead)
                 if write.due_ns is not None:
@@ -361,6 +367,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = any free port")
     p.add_argument("--default-script", default=None, help="JSON object: the Script used when a request has none")
+    p.add_argument("--writer", choices=("precise", "ticker"), default="precise",
+                   help="precise: a timer per stream, spin before each write; ticker: one timer for all streams "
+                        "(cheap, ~1 ms schedule precision; for client-ceiling measurements)")
     p.add_argument("--spin-us", type=float, default=1000.0,
                    help="busy-wait this long before each target time (0 = rely on asyncio timers alone)")
     return p.parse_args(argv)
@@ -368,7 +377,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace) -> None:
     default = Script.model_validate_json(args.default_script) if args.default_script else Script()
-    runner = web.AppRunner(CalibrationServer(default, args.spin_us).app(), access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(CalibrationServer(default, args.spin_us, args.writer).app(), access_log=None, shutdown_timeout=1.0)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -390,7 +399,7 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        asyncio.run(serve(args))
+        aio.run(serve(args))
     except KeyboardInterrupt:
         pass
     return 0

@@ -34,6 +34,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
+
 from servelab.calibration.script import PlannedTokenEvent, Script
 
 Endpoint = Literal["chat", "completions"]
@@ -106,6 +108,10 @@ class Dialect:
             yield Chunk("usage", usage, done_at)
 
     def encode(self, body: dict[str, Any]) -> str:
+        if self.separators == (",", ":") and not self.ensure_ascii:
+            # Compact JSON as json.dumps writes it with these options (small floats may be spelled 0.00001, not
+            # 1e-05: the same number), ~10x cheaper: at hundreds of streams encoding was the server's top cost.
+            return orjson.dumps(body).decode()
         return json.dumps(body, ensure_ascii=self.ensure_ascii, separators=self.separators)
 
     # ---- shapes, per engine ----
