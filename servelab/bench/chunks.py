@@ -60,40 +60,39 @@ def error_message(err: Any) -> str:
 
 
 def read_chunk(obj: Any) -> ChunkView:
-    view = ChunkView()
+    # Runs once per streamed event: each field is looked up once and the view is built in one call.
     if not isinstance(obj, dict):
-        view.error = f"chunk is not a JSON object: {str(obj)[:200]}"
-        return view
-    if "error" in obj and not obj.get("choices"):
-        view.error = error_message(obj["error"])
-        return view
+        return ChunkView(error=f"chunk is not a JSON object: {str(obj)[:200]}")
     choices = obj.get("choices")
+    if not choices and "error" in obj:
+        return ChunkView(error=error_message(obj["error"]))
+    answer = reasoning = ""
+    finish_reason = None
     if choices:
-        view.has_choices = True
         choice = choices[0]  # servelab sends n=1
         delta = choice.get("delta")
         if isinstance(delta, dict):
             content = delta.get("content")
-            if isinstance(content, str):
-                view.answer = content
-            reasoning = delta.get("reasoning_content")
-            if not isinstance(reasoning, str):
-                reasoning = delta.get("reasoning")
-            if isinstance(reasoning, str):
-                view.reasoning = reasoning
+            if content.__class__ is str:
+                answer = content
+            r = delta.get("reasoning_content")
+            if r.__class__ is not str:
+                r = delta.get("reasoning")
+            if r.__class__ is str:
+                reasoning = r
         else:
             text = choice.get("text")
             if isinstance(text, str):
-                view.answer = text
-        view.finish_reason = choice.get("finish_reason") or None
-    usage = obj.get("usage")
-    if usage:
-        view.usage = parse_usage(usage)
+                answer = text
+        finish_reason = choice.get("finish_reason") or None
+    raw_usage = obj.get("usage")
+    usage = parse_usage(raw_usage) if raw_usage else None
+    running_count = None
     timings = obj.get("timings")
     if isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int):
-        view.running_count = timings["predicted_n"]
-    elif view.has_choices and view.usage is not None and view.usage.completion_tokens is not None:
+        running_count = timings["predicted_n"]
+    elif choices and usage is not None and usage.completion_tokens is not None:
         # Usage on a chunk that still has choices: a running count (continuous_usage_stats) or the final count on
         # the last chunk. The counting pass below tells the two apart by whether every chunk had one.
-        view.running_count = view.usage.completion_tokens
-    return view
+        running_count = usage.completion_tokens
+    return ChunkView(answer, reasoning, finish_reason, usage, running_count, bool(choices), None)
