@@ -436,3 +436,7 @@ def test_summary_reports_the_gaps_the_server_wrote() -> None:
     assert summary["requests"] == 2 and summary["tokens"] == 40
     assert summary["itl_samples"] == 2 * 18  # 9 gaps per request, 2 tokens each
     assert 1.5 < summary["itl_ms_mean"] < 6  # 4 ms per event of 2 tokens: ~2 ms per token, loose on a busy box
+    assert summary["itl_ms_p50"] <= summary["itl_ms_p90"] <= summary["itl_ms_p99"]
+    assert 1.5 < summary["itl_ms_p50"] < 6
+    # tokens per second over the span from the first receipt to the last write
+    assert summary["tokens_s"] == pytest.approx(40 / summary["span_s"])

@@ -218,16 +218,28 @@ class CalibrationServer:
         since = int(request.query.get("since_ns", "0"))
         gaps_ms: list[float] = []
         requests = tokens = 0
+        first_ns = last_ns = None
         for truth in self.truths.values():
             if truth.request_received_ns < since:
                 continue
             requests += 1
             tokens += sum(n for _, _, n, _ in truth.events)
+            first_ns = min(first_ns or truth.request_received_ns, truth.request_received_ns)
+            if truth.events:
+                last_ns = max(last_ns or 0, truth.events[-1][0])
             for (t0, _, _, _), (t1, _, n, _) in zip(truth.events, truth.events[1:]):
                 gaps_ms.extend([(t1 - t0) / n / 1e6] * n)
         mean = sum(gaps_ms) / len(gaps_ms) if gaps_ms else None
+        gaps_ms.sort()
+
+        def pct(q: float) -> float | None:
+            return gaps_ms[min(int(q / 100 * len(gaps_ms)), len(gaps_ms) - 1)] if gaps_ms else None
+
+        span_s = (last_ns - first_ns) / 1e9 if first_ns is not None and last_ns is not None else 0.0
         return web.json_response({"requests": requests, "tokens": tokens, "itl_ms_mean": mean,
-                                  "itl_samples": len(gaps_ms)})
+                                  "itl_ms_p50": pct(50), "itl_ms_p90": pct(90), "itl_ms_p99": pct(99),
+                                  "itl_samples": len(gaps_ms), "span_s": span_s,
+                                  "tokens_s": tokens / span_s if span_s > 0 else None})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self.generate(request, "chat")
