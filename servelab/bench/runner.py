@@ -265,7 +265,7 @@ def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], 
     try:
         return aio.run(run_bench(state))
     except KeyboardInterrupt:
-        # asyncio.run has cancelled and finished every task by now, so every request in flight is on the
-        # client's list; the load modes took theirs already, this takes the rest.
+        # The runner (aio.run, as asyncio.run) has cancelled and finished every task by now, so every request in
+        # flight is on the client's list; the load modes took theirs already, this takes the rest.
         state.collect_cancelled()
         return state.result(interrupted=True)
