@@ -120,6 +120,19 @@ def _cpu_s() -> float:
     return u.ru_utime + u.ru_stime
 
 
+def pin(server_pid: int) -> dict[str, list[int]] | None:
+    """The server on the last CPU, this process (and every tool it starts: they inherit it) on the others, so
+    each tool gets the same CPUs and never shares them with the server; a client on a real deployment does not
+    share its cores with the engine either. None where there are fewer than two CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    server_cpus, client_cpus = cpus[-1:], cpus[:-1]
+    os.sched_setaffinity(server_pid, set(server_cpus))
+    os.sched_setaffinity(0, set(client_cpus))
+    return {"server_cpus": server_cpus, "client_cpus": client_cpus}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--itl-ms", type=float, default=5.0)
@@ -129,6 +142,7 @@ def main() -> None:
     ap.add_argument("--tolerance-ms", type=float, default=1.0)
     ap.add_argument("--tools", default="servelab,aiperf,vllm", help="comma-separated; peers not installed are "
                                                                     "listed as such")
+    ap.add_argument("--no-pin", dest="pin", action="store_false", help="let client and server share every CPU")
     ap.add_argument("--misses", type=int, default=2, help="stop a tool after this many levels in a row where it "
                                                          "did not keep up")
     args = ap.parse_args()
@@ -140,6 +154,7 @@ def main() -> None:
     rows: list[dict] = []
     problems: dict[str, str] = {}
     with start_calibration_server(script, writer="ticker") as cal, tempfile.TemporaryDirectory() as tmp:
+        pinning = pin(cal.proc.pid) if args.pin else None
         tok_dir = whitespace_tokenizer(Path(tmp) / "tok")
         for tool in tools:
             misses = 0
@@ -168,7 +183,7 @@ def main() -> None:
     host = host_info()
     print(f"\nhost: {host.cpu_model}, {host.cpu_cores_logical} CPUs, load avg {os.getloadavg()[0]:.2f}; event loop "
           f"{aio.loop_name()}; truth: {args.itl_ms} ms between tokens, {args.osl} tokens per request, tolerance "
-          f"{args.tolerance_ms} ms on p50 and p99 gaps")
+          f"{args.tolerance_ms} ms on p50 and p99 gaps; CPUs {pinning or 'shared'}")
     print(f"{'tool':10} {'ceiling tok/s':>14} {'req/s':>8} {'at conc':>8} {'gap p50/p99 ms':>16} "
           f"{'true p50/p99 ms':>16}")
     for tool in wanted:
@@ -189,7 +204,8 @@ def main() -> None:
         print(f"servelab / best peer: {ratio:.2f}x")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"host": host.model_dump(), "loadavg_1m": os.getloadavg()[0],
-                                   "event_loop": aio.loop_name(), "settings": vars(args), "levels": rows,
+                                   "event_loop": aio.loop_name(), "pinning": pinning, "settings": vars(args),
+                                   "levels": rows,
                                    "ceilings": ceilings, "ratio_to_best_peer": ratio, "problems": problems,
                                    "not_installed": [t for t in wanted if t not in tools]}, indent=2) + "\n")
     print(f"written to {RESULTS}")

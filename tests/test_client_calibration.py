@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 import uuid
 
 import pytest
@@ -98,6 +99,36 @@ def test_event_times_match_the_servers_write_times(calibration) -> None:
     ttft_server_ms = (server_t[0] - truth["request_received_ns"]) / NS_PER_MS
     ttft_client_ms = (client_t[0] - record.t_send_ns) / NS_PER_MS
     assert ttft_client_ms >= ttft_server_ms - 0.5 and ttft_server_ms >= 29
+
+
+@pytest.mark.parametrize("kernel_stamps", ["1", "0"])
+def test_an_event_that_arrives_while_the_client_is_busy_keeps_its_arrival_time(calibration, kernel_stamps,
+                                                                               monkeypatch) -> None:
+    """The event loop is blocked for 60 ms while one event arrives. With the kernel's receive timestamps the
+    event keeps its arrival time; with read times (SERVELAB_KERNEL_TIMESTAMPS=0) it is late by the block."""
+    monkeypatch.setenv("SERVELAB_KERNEL_TIMESTAMPS", kernel_stamps)
+    cid = uuid.uuid4().hex
+    body = {"model": "calibration", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+            "calibration": {"output_tokens": 4, "ttft_ms": 100, "itl_ms": 100, "usage_style": "llamacpp_timings"}}
+
+    async def go():
+        async with StreamClient(calibration.url, ClientOptions(stream_extras=EXTRAS["llamacpp_timings"])) as client:
+            task = asyncio.create_task(client.send(RequestSpec(endpoint="/v1/chat/completions", body=body,
+                                                               headers={"X-Calibration-Id": cid})))
+            await asyncio.sleep(0.16)  # events due at 100, 200, 300, 400 ms after receipt
+            time.sleep(0.06)  # busy from ~160 to ~220 ms: the 200 ms event arrives meanwhile
+            return await task
+
+    record = asyncio.run(go())
+    truth = calibration.truth(cid)
+    errors_ms = [(c.t_ns - s["t_ns"]) / NS_PER_MS for c, s in zip([e for e in record.events if e.tokens],
+                                                                  truth["events"])]
+    assert len(errors_ms) == 4
+    late = max(errors_ms)
+    if kernel_stamps == "1":
+        assert late < 2.0, errors_ms
+    else:
+        assert late > 10.0, errors_ms  # the read came only when the loop was free again
 
 
 @pytest.mark.parametrize("framing", [{"sse_comments": True}, {"crlf": True}, {"big_event_bytes": 200_000},

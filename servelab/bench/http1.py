@@ -17,7 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
+import os
+import socket
 import ssl
+import struct
+import sys
 import time
 import zlib
 from dataclasses import dataclass
@@ -111,6 +116,7 @@ class Exchange(asyncio.Protocol):
         self.handler = handler
         self.finished: asyncio.Future[None] = loop.create_future()
         self.transport: asyncio.Transport | None = None
+        self.reader: KernelStampedReader | None = None  # instead of a transport, on plain TCP (Linux)
         self.last_read_ns = time.perf_counter_ns()
         self.bytes_received = 0
         self._parser = httptools.HttpResponseParser(self)
@@ -126,8 +132,10 @@ class Exchange(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         transport.write(self.request)  # type: ignore[attr-defined]
 
-    def data_received(self, data: bytes) -> None:
-        self._now_ns = self.last_read_ns = time.perf_counter_ns()
+    def data_received(self, data: bytes, stamp_ns: int | None = None) -> None:
+        """`stamp_ns`: when the kernel received these bytes (see KernelStampedReader); else now."""
+        self.last_read_ns = time.perf_counter_ns()
+        self._now_ns = self.last_read_ns if stamp_ns is None else stamp_ns
         if self.finished.done():
             return
         self.bytes_received += len(data)
@@ -231,6 +239,116 @@ class Exchange(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+        if self.reader is not None:
+            self.reader.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Kernel receive timestamps. A single-threaded client that reads a burst of events (every stream of a batch-decoding
+# server gets its token at the same moment) handles them one socket after another, so the last one is read, and
+# was timed, milliseconds after it arrived. With SO_TIMESTAMPNS the kernel stamps every packet as it arrives and
+# recvmsg hands back the stamp of the last packet it read: the time the bytes that completed the event arrived,
+# whatever the client was busy with. The stamp is on the realtime clock; it is moved to the monotonic clock with
+# the offset between the two sampled at that read (so clock slewing cannot accumulate), and a stamp outside
+# [previous stamp, now] (a clock step) falls back to the read time. Not used for TLS, where the bytes read are
+# not the bytes that arrived.
+# ---------------------------------------------------------------------------------------------------------
+
+SO_TIMESTAMPNS = 35  # Linux, all architectures servelab runs on; not exposed by the socket module
+_STAMP_SPACE = socket.CMSG_SPACE(16)  # one struct timespec
+_READ_SIZE = 1 << 18
+
+
+def kernel_timestamps_wanted() -> bool:
+    return sys.platform == "linux" and os.environ.get("SERVELAB_KERNEL_TIMESTAMPS", "1") != "0"
+
+
+class KernelStampedReader:
+    """Reads a connected non-blocking socket from the event loop's readiness callback with recvmsg, and hands
+    each read to the exchange with the kernel's receive time."""
+
+    __slots__ = ("sock", "exchange", "loop", "floor_ns", "closed")
+
+    def __init__(self, sock: socket.socket, exchange: Exchange, loop: asyncio.AbstractEventLoop, floor_ns: int):
+        self.sock, self.exchange, self.loop, self.floor_ns, self.closed = sock, exchange, loop, floor_ns, False
+        loop.add_reader(sock.fileno(), self._on_readable)
+
+    def _on_readable(self) -> None:
+        try:
+            data, ancillary, _, _ = self.sock.recvmsg(_READ_SIZE, _STAMP_SPACE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self.close()
+            self.exchange.connection_lost(exc)
+            return
+        if not data:
+            self.close()
+            self.exchange.connection_lost(None)
+            return
+        stamp = None
+        if ancillary:
+            now = time.perf_counter_ns()
+            level, kind, raw = ancillary[0]
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
+                sec, nsec = _TIMESPEC.unpack_from(raw)
+                stamp = sec * 1_000_000_000 + nsec - (time.time_ns() - time.perf_counter_ns())
+                if stamp > now:  # the offset sampled a few ns apart: never later than the read itself
+                    stamp = now
+                if stamp < self.floor_ns:
+                    stamp = None  # a clock step: trust the read time instead
+                else:
+                    self.floor_ns = stamp
+        self.exchange.data_received(data, stamp)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
+
+_TIMESPEC = struct.Struct("qq")
+_ADDRESSES: dict[tuple[str, int], tuple[float, list[tuple]]] = {}  # (host, port) -> (resolved at, addresses)
+_ADDRESS_TTL_S = 30.0
+
+
+async def _addresses(loop: asyncio.AbstractEventLoop, host: str, port: int) -> list[tuple]:
+    """getaddrinfo, remembered for a while: resolving every request would cost a thread hop each."""
+    try:
+        ip = ipaddress.ip_address(host)
+        return [(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, (host, port))]
+    except ValueError:
+        pass
+    cached = _ADDRESSES.get((host, port))
+    if cached is not None and time.monotonic() - cached[0] < _ADDRESS_TTL_S:
+        return cached[1]
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    found = [(family, sockaddr) for family, _, _, _, sockaddr in infos]
+    _ADDRESSES[(host, port)] = (time.monotonic(), found)
+    return found
+
+
+async def _connect_stamped(loop: asyncio.AbstractEventLoop, origin: Origin, exchange: Exchange) -> None:
+    last_error: OSError | None = None
+    for family, sockaddr in await _addresses(loop, origin.host, origin.port):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            await loop.sock_connect(sock, sockaddr)
+            await loop.sock_sendall(sock, exchange.request)
+        except OSError as exc:
+            sock.close()
+            last_error = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        exchange.reader = KernelStampedReader(sock, exchange, loop, time.perf_counter_ns())
+        return
+    raise last_error or OSError(f"no address for {origin.host}")
 
 
 @functools.cache
@@ -246,8 +364,11 @@ async def open_exchange(origin: Origin, request: bytes, handler: ResponseHandler
     tls = (ssl_context or _default_tls()) if origin.scheme == "https" else None
     try:
         async with asyncio.timeout(connect_timeout_s):
-            await loop.create_connection(lambda: exchange, origin.host, origin.port, ssl=tls,
-                                         server_hostname=origin.host if tls else None)
+            if tls is None and kernel_timestamps_wanted():
+                await _connect_stamped(loop, origin, exchange)
+            else:
+                await loop.create_connection(lambda: exchange, origin.host, origin.port, ssl=tls,
+                                             server_hostname=origin.host if tls else None)
     except TimeoutError:
         raise ConnectTimeout(f"no connection to {origin.host}:{origin.port} within {connect_timeout_s:g}s") \
             from None

@@ -36,7 +36,6 @@ from typing import Any, Literal
 from aiohttp import HttpVersion11, web
 from pydantic import ValidationError
 
-from servelab import aio
 from servelab.calibration.script import PlannedTokenEvent, Script, plan_token_events
 from servelab.calibration.styles import Dialect, Endpoint, RequestOptions, dialect_for
 from servelab.calibration.ticker import Ticker
@@ -411,7 +410,10 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        aio.run(serve(args))
+        # asyncio's own loop, not uvloop: its transport.write sends before returning, so the time taken right
+        # after it is when the bytes reached the kernel. uvloop queues small writes until the end of the loop
+        # iteration, which would make every recorded write time early.
+        asyncio.run(serve(args))
     except KeyboardInterrupt:
         pass
     return 0
