@@ -141,8 +141,8 @@ class StreamClient:
         """Python's full collection scans every object alive, and a run's records are many: at a few hundred
         streams one took 23 ms on this machine, during which no socket is read, so events queue and are read
         (and timed) together. Every quarter second, what is alive then moves to the permanent generation
-        (gc.freeze(), O(1)), so a collection scans only what is younger. Young garbage is still collected as usual; garbage
-        cycles that outlive a freeze wait until the client closes."""
+        (gc.freeze(), O(1)), so a collection scans only what is younger. Young garbage is still collected as
+        usual; garbage cycles that outlive a freeze wait until the client closes."""
         now = time.monotonic()
         if now - self._frozen_at >= 0.25:
             gc.freeze()
