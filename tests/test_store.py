@@ -37,6 +37,15 @@ def test_a_run_comes_back_as_it_went_in(tmp_path: Path) -> None:
         assert resolve_run_id(store, "nothing") is None
 
 
+def test_a_levels_cancelled_requests_are_a_column(tmp_path: Path) -> None:
+    summary, records = synthetic_run("exp/ctrl-c")
+    summary.sweep.levels[-1].cancelled = 3
+    with Store.open(tmp_path / "s.db") as store:
+        save_run(store, summary, records, tmp_path)
+        rows = store.db.execute("SELECT tag, cancelled FROM levels WHERE bench = 'sweep' ORDER BY seq").fetchall()
+    assert [r[1] for r in rows] == [0] * (len(rows) - 1) + [3]
+
+
 def _v1_store(path: Path) -> None:
     """A store as servelab wrote it at schema version 1, made by hand (not with today's code)."""
     db = sqlite3.connect(path)
@@ -83,6 +92,8 @@ def test_a_store_written_by_an_older_version_is_migrated_and_keeps_its_runs(tmp_
         row = list_runs(store)[0]
         assert row.run_id == "old-run" and row.peak_output_tok_s == 42.0
         assert not row.representative  # back-filled from the serious lint row by the migration
+        cancelled = store.db.execute("SELECT DISTINCT cancelled FROM levels").fetchall()
+        assert [tuple(c) for c in cancelled] in ([], [(0,)])  # the column exists; old levels cancelled nothing
         # and the new tables work on the migrated store
         start_experiment(store, "e1", "exp", "file.yaml", str(tmp_path))
         record_cell(store, "e1", CellState("k", "cell", 0, "old-run", "complete", None))

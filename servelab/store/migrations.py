@@ -106,6 +106,14 @@ def _v2_experiments(db: sqlite3.Connection) -> None:
     """)
 
 
+def _v3_cancelled(db: sqlite3.Connection) -> None:
+    # Requests cancelled in flight (Ctrl-C) are counted apart from failures; older levels had none recorded.
+    _execute(db, """
+        ALTER TABLE levels ADD COLUMN cancelled INTEGER NOT NULL DEFAULT 0;
+        UPDATE levels SET cancelled = COALESCE(json_extract(summary, '$.cancelled'), 0)
+    """)
+
+
 def _execute(db: sqlite3.Connection, script: str) -> None:
     """Statement by statement: `executescript` would commit the migration's transaction before it runs."""
     for statement in script.split(";"):
@@ -114,5 +122,5 @@ def _execute(db: sqlite3.Connection, script: str) -> None:
 
 
 # In order: MIGRATIONS[i] takes a store from version i to version i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_runs, _v2_experiments]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_runs, _v2_experiments, _v3_cancelled]
 LATEST = len(MIGRATIONS)

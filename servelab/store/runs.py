@@ -61,9 +61,11 @@ def save_run(store: Store, summary: RunSummary, records: Sequence[RequestRecord]
             result = getattr(summary, bench_name)
             if result is None:
                 continue
-            db.executemany("INSERT INTO levels VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            db.executemany("INSERT INTO levels (run_id, bench, seq, tag, mode, concurrency, requests, ok, failed, "
+                           "window_s, summary, cancelled) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                            [(summary.run_id, bench_name, i, s.tag, s.mode, s.concurrency, s.requests, s.ok,
-                             s.failed, s.window_s, s.model_dump_json()) for i, s in enumerate(result.levels)])
+                             s.failed, s.window_s, s.model_dump_json(), s.cancelled)
+                            for i, s in enumerate(result.levels)])
         db.executemany("INSERT INTO figures VALUES (?, ?, ?, ?, ?, ?, ?)",
                        [(summary.run_id, key, fig.value, fig.unit, fig.definition, fig.counted_by, fig.note)
                         for key, fig in summary.headline.items()])
