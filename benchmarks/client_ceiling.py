@@ -13,7 +13,12 @@ A tool keeps up at a level when no request failed and its p50 and p99 gaps are w
 server's. Its ceiling is the highest streamed tokens/s (counted by the server: tokens written over the span
 from the first request's receipt to the last token's write) at which it kept up.
 
-    .venv/bin/python benchmarks/client_ceiling.py [--max 1024] [--tools servelab,aiperf,vllm]
+    .venv/bin/python benchmarks/client_ceiling.py [--max 2048] [--tools servelab,aiperf,vllm] [--itl-ms 5]
+
+Measured here (quiet 2-core Xeon, server and client pinned to a CPU each; results/client_ceiling*.json):
+5 ms between tokens: servelab 30.7k tok/s (c256, where the server itself saturates), vllm bench serve 11.9k
+(c64), aiperf never within 1 ms at p99 on one CPU; 20 ms: servelab 8.9k (c192), vllm bench 0.8k (c16), aiperf
+50 (c1). Levels near the edge flip between runs (the p99 of a bursty distribution is noisy): read the rows.
 
 Peers are optional and never dependencies (benchmarks/install_peers.sh; benchmarks/peers.py finds and drives
 them). Client and server share this machine's cores: every tool pays the same tax, in one run, so the ratio is
@@ -142,6 +147,7 @@ def main() -> None:
     ap.add_argument("--tolerance-ms", type=float, default=1.0)
     ap.add_argument("--tools", default="servelab,aiperf,vllm", help="comma-separated; peers not installed are "
                                                                     "listed as such")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="let client and server share every CPU")
     ap.add_argument("--misses", type=int, default=2, help="stop a tool after this many levels in a row where it "
                                                          "did not keep up")
@@ -202,13 +208,14 @@ def main() -> None:
     ratio = ceilings["servelab"]["server_tokens_s"] / max(peers) if ceilings.get("servelab") and peers else None
     if ratio is not None:
         print(f"servelab / best peer: {ratio:.2f}x")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"host": host.model_dump(), "loadavg_1m": os.getloadavg()[0],
-                                   "event_loop": aio.loop_name(), "pinning": pinning, "settings": vars(args),
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"host": host.model_dump(), "loadavg_1m": os.getloadavg()[0],
+                                   "event_loop": aio.loop_name(), "pinning": pinning,
+                                   "settings": {**vars(args), "out": str(args.out)},
                                    "levels": rows,
                                    "ceilings": ceilings, "ratio_to_best_peer": ratio, "problems": problems,
                                    "not_installed": [t for t in wanted if t not in tools]}, indent=2) + "\n")
-    print(f"written to {RESULTS}")
+    print(f"written to {args.out}")
 
 
 if __name__ == "__main__":
