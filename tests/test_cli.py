@@ -78,7 +78,7 @@ def test_up_reports_an_engine_that_dies_during_start_up(tmp_path: Path) -> None:
 @pytest.mark.engine
 def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> None:
     """The default `servelab run`, with short settings: misconfigured (one slot) against well configured."""
-    proc = servelab("run", "--out", str(tmp_path), "--duration", "3", "--requests", "2", "--max-tokens", "16",
+    proc = servelab("run", "--out", str(tmp_path), "--duration", "8", "--requests", "2", "--max-tokens", "32",
                     "--max-concurrency", "4", "--json", timeout=400)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
@@ -107,9 +107,9 @@ def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> No
         # every request is on disk, and the single-stream level accounts for all of its tokens
         records = read_records(run_dir / "records.jsonl")
         single = [r for r in records if r.tag == "single" and not r.warmup]
-        assert len(single) == 2 and all(r.output_tokens == 16 for r in single)
+        assert len(single) == 2 and all(r.output_tokens == 32 for r in single)
         level = summary["single"]["levels"][0]
-        assert level["figures"]["output_tok_s"]["value"] * level["window_s"] == pytest.approx(32, rel=1e-6)
+        assert level["figures"]["output_tok_s"]["value"] * level["window_s"] == pytest.approx(64, rel=1e-6)
     # the lint marks the one-slot cell, and the comparison's verdict tells the story
     assert any(f["setting"] == "parallel=1" and f["severity"] == "serious" for f in misconfigured["launch"]["lint"])
     assert not any(f["severity"] == "serious" for f in well["launch"]["lint"])
