@@ -1,8 +1,8 @@
 """How much streaming load one benchmark-client process can measure accurately, servelab against its peers.
 
-Every tool is pointed at the same calibration server (its own process, `--writer ticker`: one timer writes
-every stream, so the server stays cheaper per event than any client and the client, not the server, is what
-runs out), whose token events are scripted: one token per event, `itl_ms` apart, `osl` tokens per request.
+Every tool is pointed at the same calibration server (its own process, `--writer auto`: beyond two streams
+one timer writes every stream, so the server stays cheaper per event than any client and the client, not the
+server, is what runs out), whose token events are scripted: one token per event, `itl_ms` apart, `osl` tokens per request.
 Concurrency rises through LEVELS; at each level the tool sends `requests_per_stream` requests per stream.
 
 Accuracy is judged on the distribution of gaps, the figure every tool reports: the tool's own per-gap
@@ -159,7 +159,7 @@ def main() -> None:
     script = Script(ttft_ms=0, itl_ms=args.itl_ms, output_tokens=args.osl, usage_style="llamacpp_timings")
     rows: list[dict] = []
     problems: dict[str, str] = {}
-    with start_calibration_server(script, writer="ticker") as cal, tempfile.TemporaryDirectory() as tmp:
+    with start_calibration_server(script, writer="auto") as cal, tempfile.TemporaryDirectory() as tmp:
         pinning = pin(cal.proc.pid) if args.pin else None
         tok_dir = whitespace_tokenizer(Path(tmp) / "tok")
         for tool in tools:

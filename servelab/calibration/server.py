@@ -184,7 +184,11 @@ class CalibrationServer:
     def __init__(self, default: Script | None = None, spin_us: float = 1000.0, writer: str = "precise"):
         self.default = default or Script()
         self.spin_ns = int(spin_us * 1000)
-        self.ticker = Ticker() if writer == "ticker" else None  # see ticker.py
+        self.ticker = Ticker() if writer in ("ticker", "auto") else None  # see ticker.py
+        # auto: a stream that starts while at most SPIN_MAX_ACTIVE_STREAMS others run gets the precise writer,
+        # whose spin before each write also keeps a virtual CPU from dozing off between events (on a VM an idle
+        # vCPU can take milliseconds to wake); busier streams go to the ticker.
+        self.ticker_only = writer == "ticker"
         self.truths: OrderedDict[str, Truth] = OrderedDict()
         self.active_streams = 0
 
@@ -306,7 +310,8 @@ class CalibrationServer:
         t0 = truth.request_received_ns
         try:
             transport = request.transport
-            if self.ticker is not None and request.version >= HttpVersion11 and transport is not None:
+            busy = self.ticker_only or self.active_streams > SPIN_MAX_ACTIVE_STREAMS
+            if self.ticker is not None and busy and request.version >= HttpVersion11 and transport is not None:
                 await self.ticker.stream(transport, plan.writes, truth)  # HTTP/1.1: aiohttp made the body chunked
             for write in plan.writes:  # the precise writer (with the ticker, every write is already out)
                 if write.lead:
@@ -378,9 +383,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = any free port")
     p.add_argument("--default-script", default=None, help="JSON object: the Script used when a request has none")
-    p.add_argument("--writer", choices=("precise", "ticker"), default="precise",
+    p.add_argument("--writer", choices=("precise", "ticker", "auto"), default="precise",
                    help="precise: a timer per stream, spin before each write; ticker: one timer for all streams "
-                        "(cheap, ~1 ms schedule precision; for client-ceiling measurements)")
+                        "(cheap, ~1 ms schedule precision; for client-ceiling measurements); auto: precise while "
+                        f"at most {SPIN_MAX_ACTIVE_STREAMS} streams run, the ticker beyond")
     p.add_argument("--spin-us", type=float, default=1000.0,
                    help="busy-wait this long before each target time (0 = rely on asyncio timers alone)")
     return p.parse_args(argv)
@@ -388,7 +394,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace) -> None:
     default = Script.model_validate_json(args.default_script) if args.default_script else Script()
-    runner = web.AppRunner(CalibrationServer(default, args.spin_us, args.writer).app(), access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(CalibrationServer(default, args.spin_us, args.writer).app(), access_log=None,
+                           shutdown_timeout=1.0)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
