@@ -2,8 +2,8 @@
 
 Every tool is pointed at the same calibration server (its own process, `--writer auto`: beyond two streams
 one timer writes every stream, so the server stays cheaper per event than any client and the client, not the
-server, is what runs out), whose token events are scripted: one token per event, `itl_ms` apart, `osl` tokens per request.
-Concurrency rises through LEVELS; at each level the tool sends `requests_per_stream` requests per stream.
+server, is what runs out), whose token events are scripted: one token per event, `itl_ms` apart, `osl` tokens
+per request. Concurrency rises through LEVELS; at each level the tool sends `requests_per_stream` requests per stream.
 
 Accuracy is judged on the distribution of gaps, the figure every tool reports: the tool's own per-gap
 inter-token latencies (pooled over all requests) against the gaps the server actually wrote
