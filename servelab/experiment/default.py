@@ -11,8 +11,9 @@ which, with confidence intervals.
 Sized to finish within about three minutes on two CPU cores: the story's three verify checks (the full suite
 runs with `servelab verify`), four single-stream requests, and 8-second sweep levels of 32-token answers up to
 concurrency 4 (with 5-second levels the one-slot cell finished only ~6 requests at c4, too few for the TTFT
-verdict to clear its confidence interval every time on two cores, where prefill is a third of each request). What bounds the time is the tail of each level (requests still running when its window closes
-finish before the next level starts): with one slot, up to `concurrency` answers queue behind each other, so
+verdict to clear its confidence interval every time on two cores, where prefill is a third of each request).
+What bounds the time is the tail of each level (requests still running when its window closes finish before
+the next level starts): with one slot, up to `concurrency` answers queue behind each other, so
 short answers and a top concurrency of 4 keep that tail to a few seconds. Measured: docs/compare.md.
 """
 
