@@ -15,10 +15,12 @@ from the first request's receipt to the last token's write) at which it kept up.
 
     .venv/bin/python benchmarks/client_ceiling.py [--max 2048] [--tools servelab,aiperf,vllm] [--itl-ms 5]
 
-Measured here (quiet 2-core Xeon, server and client pinned to a CPU each; results/client_ceiling*.json):
-5 ms between tokens: servelab 30.7k tok/s (c256, where the server itself saturates), vllm bench serve 11.9k
-(c64), aiperf never within 1 ms at p99 on one CPU; 20 ms: servelab 8.9k (c192), vllm bench 0.8k (c16), aiperf
-50 (c1). Levels near the edge flip between runs (the p99 of a bursty distribution is noisy): read the rows.
+Measured here (2-core Xeon VM, server and client pinned to a CPU each; results/client_ceiling*.json):
+5 ms between tokens, run 1 (ticker writer): servelab 30.7k tok/s (c256, where the server itself saturates),
+vllm bench serve 11.9k (c64), aiperf never within 1 ms at p99 on one CPU: 2.57x; run 2 (auto writer, a noisier
+hour: the truth's own p99 gap at c1 was 7.4 ms): servelab 26.6k (c192), vllm bench and aiperf never (both
+failed c1 and c4); 20 ms: servelab 8.9k (c192), vllm bench 0.8k (c16), aiperf 50 (c1): 11x. Levels near the
+edge flip between runs (the p99 of a bursty distribution is noisy): read the rows.
 
 Peers are optional and never dependencies (benchmarks/install_peers.sh; benchmarks/peers.py finds and drives
 them). Client and server share this machine's cores: every tool pays the same tax, in one run, so the ratio is
