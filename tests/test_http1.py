@@ -6,6 +6,10 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import shutil
+import ssl
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +34,7 @@ HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
 
 
 async def exchange(response: bytes | list[bytes], *, close: bool = True, deadlines: Deadlines | None = None,
-                   headers: dict[str, str] | None = None) -> tuple:
+                   headers: dict[str, str] | None = None, tls: ssl.SSLContext | None = None) -> tuple:
     """Serve `response` (written in the given pieces, 20 ms apart) to one client request; return the record
     and the request bytes the server received."""
     received = bytearray()
@@ -50,11 +54,11 @@ async def exchange(response: bytes | list[bytes], *, close: bool = True, deadlin
         else:
             await asyncio.sleep(30)
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=tls)
     port = server.sockets[0].getsockname()[1]
     async with server:
         opts = ClientOptions(deadlines=deadlines or Deadlines(idle_s=5, first_byte_s=5, total_s=10))
-        async with StreamClient(f"http://127.0.0.1:{port}", opts) as client:
+        async with StreamClient(f"{'https' if tls else 'http'}://127.0.0.1:{port}", opts) as client:
             spec = RequestSpec(endpoint="/v1/chat/completions", body={"model": "m", "messages": []},
                                headers=headers or {})
             record = await client.send(spec)
@@ -175,3 +179,22 @@ def test_origin_keeps_the_base_paths_prefix_and_default_ports() -> None:
     assert Origin.from_url("http://[::1]:8000").host_header == "[::1]:8000"
     with pytest.raises(ValueError):
         Origin.from_url("ftp://x")
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_https_streams_through_tls_and_checks_the_certificate(tmp_path: Path, monkeypatch) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out",
+                    str(cert)], check=True, capture_output=True)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    response = HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(sse("sec", "ure"))
+    # A certificate the client does not trust: a connect error that says why, never a silent downgrade.
+    record, _ = run(response, tls=tls)
+    assert record.error_kind == "connect" and "CERTIFICATE_VERIFY_FAILED" in record.error_detail
+    # Trusted (as SSL_CERT_FILE makes it for Python's default context): the stream is read as over plain HTTP.
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    record, request = run(response, tls=tls)
+    assert record.ok, record.error_detail
+    assert answer(record) == "secure" and request.startswith(b"POST /v1/chat/completions HTTP/1.1")
