@@ -440,3 +440,31 @@ def test_summary_reports_the_gaps_the_server_wrote() -> None:
     assert 1.5 < summary["itl_ms_p50"] < 6
     # tokens per second over the span from the first receipt to the last write
     assert summary["tokens_s"] == pytest.approx(40 / summary["span_s"])
+
+
+@pytest.mark.parametrize("writer", ["precise", "ticker"])
+def test_a_client_that_leaves_mid_stream_is_recorded_as_gone(writer: str) -> None:
+    """The client reads a few events and closes: the truth says `client_gone`, keeps what went out before, and
+    the server goes on serving (with the ticker, the stream is dropped from the shared timer's heap)."""
+    import socket
+    import urllib.request
+
+    with start_calibration_server(writer=writer) as handle:
+        host, port = handle.url.removeprefix("http://").split(":")
+        body = json.dumps(stream_body(CHAT, {"output_tokens": 200, "itl_ms": 10})).encode()
+        request = (f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                   f"X-Calibration-Id: leaver\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(request)
+            received = b""
+            while received.count(b"data: ") < 5:
+                received += sock.recv(65536)
+        deadline = time.monotonic() + 10
+        truth = handle.truth("leaver")
+        while truth["outcome"] == "in_progress" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            truth = handle.truth("leaver")
+        assert truth["outcome"] == "client_gone"
+        assert 4 <= len(truth["events"]) < 200  # what was written before the close, not the whole script
+        with urllib.request.urlopen(f"{handle.url}/health", timeout=5) as r:
+            assert r.status == 200
