@@ -12,8 +12,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from servelab.calibration import Script, start_calibration_server
 from servelab.records import RequestRecord, Summary, TokenEvent
 from servelab.report.terminal import sent_cell
 from servelab.store.rundir import read_records
+from test_load_modes import Scripted
 
 SERVELAB = [sys.executable, "-m", "servelab.cli"]
 MS = 1_000_000
@@ -113,23 +112,6 @@ def test_ctrl_c_during_an_open_loop_level_records_the_requests_in_flight_as_canc
     check_interrupted_run(proc, run, "r10", at_least=4)
 
 
-@dataclass
-class Scripted:
-    """The default workload with a calibration script laid over some requests (by request number)."""
-
-    script: Callable[[int], dict[str, Any] | None]
-    base: Workload = field(default_factory=lambda: Workload(max_tokens=50))
-
-    async def prepare(self, counter, needed=None) -> None:
-        pass
-
-    def request(self, index: int, model: str, **kw):
-        spec = self.base.request(index, model, **kw)
-        if (s := self.script(index)) is not None:
-            spec.body["calibration"] = s
-        return spec
-
-
 def cancel_level(url: str, level, after_s: float) -> tuple[list[RequestRecord], list[RequestRecord]]:
     """Run a load level through the real client and cancel its task after `after_s` (what Ctrl-C does to it).
     Returns (what the recorder's on_record saw, what stayed on the client's cancelled list)."""
@@ -149,7 +131,7 @@ def cancel_level(url: str, level, after_s: float) -> tuple[list[RequestRecord], 
 
 def test_a_cancelled_level_hands_its_in_flight_requests_on_with_the_finished_ones(slow) -> None:
     # Request 0 is short (4 tokens, done in ~30 ms); the others are 10 s streams.
-    mixed = Scripted(lambda i: {"itl_ms": 5, "output_tokens": 4} if i == 0 else None)
+    mixed = Scripted(lambda i: {"itl_ms": 5, "output_tokens": 4} if i == 0 else None, base=Workload(max_tokens=50))
     target = Target(model="calibration")
 
     seen, left = cancel_level(slow.url, lambda client, rec: run_concurrency(
