@@ -110,6 +110,12 @@ def test_gzip_bodies_are_decoded() -> None:
     assert answer(record) == "zipped"
 
 
+def test_a_body_that_says_gzip_but_is_not_is_a_parse_error() -> None:
+    body = sse("not", "zipped")
+    record, _ = run(HEAD + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert record.error_kind == "parse" and "could not be decoded" in record.error_detail
+
+
 def test_an_unknown_content_encoding_is_a_clear_parse_error() -> None:
     record, _ = run(HEAD + b"Content-Encoding: br\r\n\r\n" + b"\x00\x01")
     assert record.error_kind == "parse" and "Content-Encoding 'br'" in record.error_detail

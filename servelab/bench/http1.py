@@ -118,7 +118,6 @@ class Exchange(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.reader: KernelStampedReader | None = None  # instead of a transport, on plain TCP (Linux)
         self.last_read_ns = time.perf_counter_ns()
-        self.bytes_received = 0
         self._parser = httptools.HttpResponseParser(self)
         self._headers: dict[str, str] = {}
         self._head_done = False
@@ -138,7 +137,6 @@ class Exchange(asyncio.Protocol):
         self._now_ns = self.last_read_ns if stamp_ns is None else stamp_ns
         if self.finished.done():
             return
-        self.bytes_received += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:  # our own callbacks raised: report that, not the wrap
@@ -191,7 +189,11 @@ class Exchange(asyncio.Protocol):
         if self._error is not None or self.finished.done():
             return
         if self._decoder is not None:
-            body = self._decoder.decompress(body)
+            try:
+                body = self._decoder.decompress(body)
+            except zlib.error as exc:
+                self._fail(MalformedResponse(f"the compressed body could not be decoded: {exc}"))
+                return
             if not body:
                 return
         if self._call(self.handler.on_body, body, self._now_ns):
@@ -215,7 +217,10 @@ class Exchange(asyncio.Protocol):
 
     def _flush_decoder(self) -> None:
         if self._decoder is not None:
-            rest = self._decoder.flush()
+            try:
+                rest = self._decoder.flush()
+            except zlib.error as exc:
+                raise MalformedResponse(f"the compressed body could not be decoded: {exc}") from None
             self._decoder = None
             if rest:
                 self.handler.on_body(rest, self._now_ns)
