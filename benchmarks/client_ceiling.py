@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -47,19 +48,12 @@ from peers import PeerLevel, aiperf_level, find_peers, vllm_level, whitespace_to
 
 from servelab import aio  # noqa: E402
 from servelab.bench.client import ClientOptions, Deadlines, RequestSpec, StreamClient  # noqa: E402
-from servelab.bench.metrics import token_gaps_ms  # noqa: E402
-from servelab.calibration import Script, start_calibration_server  # noqa: E402
+from servelab.bench.metrics import percentile, token_gaps_ms  # noqa: E402
+from servelab.calibration import Script, separate_cpus, start_calibration_server  # noqa: E402
 from servelab.provenance import host_info  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "client_ceiling.json"
 LEVELS = [1, 4, 16, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(int(q / 100 * len(ordered)), len(ordered) - 1)]
 
 
 def server_truth(url: str, since_ns: int) -> dict:
@@ -104,7 +98,8 @@ def run_level(tool: str, exe: str | None, url: str, conc: int, n: int, osl: int,
 
 
 def judge(tool: str, conc: int, res: PeerLevel, truth: dict, tolerance: float, cpu_s: float | None) -> dict:
-    p50, p99 = percentile(res.gaps_ms, 50), percentile(res.gaps_ms, 99)
+    gaps = sorted(res.gaps_ms)
+    p50, p99 = (percentile(gaps, 50), percentile(gaps, 99)) if gaps else (None, None)
     t50, t99 = truth["itl_ms_p50"], truth["itl_ms_p99"]
     accurate = (p50 is not None and t50 is not None and abs(p50 - t50) <= tolerance
                 and p99 is not None and t99 is not None and abs(p99 - t99) <= tolerance)
@@ -125,19 +120,6 @@ def _r(v: float | None) -> float | None:
 def _cpu_s() -> float:
     u = resource.getrusage(resource.RUSAGE_SELF)
     return u.ru_utime + u.ru_stime
-
-
-def pin(server_pid: int) -> dict[str, list[int]] | None:
-    """The server on the last CPU, this process (and every tool it starts: they inherit it) on the others, so
-    each tool gets the same CPUs and never shares them with the server; a client on a real deployment does not
-    share its cores with the engine either. None where there are fewer than two CPUs."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        return None
-    server_cpus, client_cpus = cpus[-1:], cpus[:-1]
-    os.sched_setaffinity(server_pid, set(server_cpus))
-    os.sched_setaffinity(0, set(client_cpus))
-    return {"server_cpus": server_cpus, "client_cpus": client_cpus}
 
 
 def main() -> None:
@@ -161,8 +143,8 @@ def main() -> None:
     script = Script(ttft_ms=0, itl_ms=args.itl_ms, output_tokens=args.osl, usage_style="llamacpp_timings")
     rows: list[dict] = []
     problems: dict[str, str] = {}
-    with start_calibration_server(script, writer="auto") as cal, tempfile.TemporaryDirectory() as tmp:
-        pinning = pin(cal.proc.pid) if args.pin else None
+    with start_calibration_server(script, writer="auto") as cal, tempfile.TemporaryDirectory() as tmp, \
+            (separate_cpus(cal.proc.pid) if args.pin else contextlib.nullcontext()) as pinning:
         tok_dir = whitespace_tokenizer(Path(tmp) / "tok")
         for tool in tools:
             misses = 0

@@ -468,3 +468,26 @@ def test_a_client_that_leaves_mid_stream_is_recorded_as_gone(writer: str) -> Non
         assert 4 <= len(truth["events"]) < 200  # what was written before the close, not the whole script
         with urllib.request.urlopen(f"{handle.url}/health", timeout=5) as r:
             assert r.status == 200
+
+
+def test_separate_cpus_puts_the_server_apart_and_gives_this_process_its_cpus_back() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from servelab.calibration import separate_cpus
+
+    before = os.sched_getaffinity(0)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with separate_cpus(child.pid) as pinning:
+            if len(before) < 2:
+                assert pinning is None
+            else:
+                assert os.sched_getaffinity(child.pid) == set(pinning["server_cpus"])
+                assert os.sched_getaffinity(0) == set(pinning["client_cpus"])
+                assert not set(pinning["server_cpus"]) & set(pinning["client_cpus"])
+        assert os.sched_getaffinity(0) == before
+    finally:
+        child.kill()
+        child.wait()

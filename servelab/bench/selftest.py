@@ -12,12 +12,10 @@ server here: a conservative figure for the client alone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -25,7 +23,7 @@ from pydantic import BaseModel
 from servelab import SCHEMA_VERSION
 from servelab.bench.client import ClientOptions, Deadlines, RequestSpec, StreamClient
 from servelab.bench.metrics import NS_PER_MS, percentile
-from servelab.calibration import CalibrationHandle, start_calibration_server
+from servelab.calibration import CalibrationHandle, separate_cpus, start_calibration_server
 from servelab.provenance import host_info
 
 
@@ -117,7 +115,7 @@ async def run_selftest(*, tolerance_ms: float = 1.0, itl_ms: float = 5.0, tokens
     levels: list[SelftestLevel] = []
     # Beyond two streams the ticker writer keeps the server's CPU per event well below the client's, so the
     # ceiling found is the client's rather than the server's (errors are measured against actual write times).
-    with start_calibration_server(writer="auto") as handle, _server_on_its_own_cpu(handle.proc.pid):
+    with start_calibration_server(writer="auto") as handle, separate_cpus(handle.proc.pid):
         streams = 1
         while streams <= max_streams:
             level = await _level(handle, streams, itl_ms=itl_ms, tokens_per_event=tokens_per_event,
@@ -138,32 +136,6 @@ async def run_selftest(*, tolerance_ms: float = 1.0, itl_ms: float = 5.0, tokens
                           ceiling_tokens_s=best.tokens_s if best else None,
                           ceiling_events_s=best.events_s if best else None,
                           host_cpu=host.cpu_model, cpu_count=host.cpu_cores_logical)
-
-
-@contextlib.contextmanager
-def _server_on_its_own_cpu(server_pid: int) -> Iterator[None]:
-    """The calibration server on the last CPU and this process on the others, for the selftest's duration: what
-    is measured is then the client's own limit, not the two fighting over the same cores (on two cores,
-    unpinned, the p99 error crossed 1 ms at 16 streams; pinned, at 64 or more). A no-op on one CPU or where
-    affinity cannot be set."""
-    try:
-        mine = os.sched_getaffinity(0)
-    except (AttributeError, OSError):
-        yield
-        return
-    cpus = sorted(mine)
-    if len(cpus) < 2:
-        yield
-        return
-    try:
-        os.sched_setaffinity(server_pid, {cpus[-1]})
-        os.sched_setaffinity(0, set(cpus[:-1]))
-    except OSError:
-        pass
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, mine)
 
 
 def save(result: SelftestResult) -> Path:

@@ -36,6 +36,7 @@ from typing import Any, Literal
 from aiohttp import HttpVersion11, web
 from pydantic import ValidationError
 
+from servelab.bench.metrics import percentile
 from servelab.calibration.script import PlannedTokenEvent, Script, plan_token_events
 from servelab.calibration.styles import Dialect, Endpoint, RequestOptions, dialect_for
 from servelab.calibration.ticker import Ticker
@@ -235,8 +236,8 @@ class CalibrationServer:
         mean = sum(gaps_ms) / len(gaps_ms) if gaps_ms else None
         gaps_ms.sort()
 
-        def pct(q: float) -> float | None:
-            return gaps_ms[min(int(q / 100 * len(gaps_ms)), len(gaps_ms) - 1)] if gaps_ms else None
+        def pct(q: float) -> float | None:  # the definition servelab's figures use, so both sides compare alike
+            return percentile(gaps_ms, q) if gaps_ms else None
 
         span_s = (last_ns - first_ns) / 1e9 if first_ns is not None and last_ns is not None else 0.0
         return web.json_response({"requests": requests, "tokens": tokens, "itl_ms_mean": mean,
