@@ -92,6 +92,9 @@ class RequestRecord(BaseModel):
     http_status: int | None = None
     error_kind: ErrorKind | None = None
     error_detail: str | None = None
+    # Which trial of its cell the request belonged to (experiments repeat each cell; docs/metrics.md#trials).
+    # 0 for a lone bench run and for records written before trials existed.
+    trial: int = 0
 
     # ---- derived views (pure functions of the fields above) ----
     @property
@@ -165,6 +168,28 @@ class ServerEvidence(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
+class EnvironmentSummary(BaseModel):
+    """What the machine did while one load level ran (bench/environment.py; docs/metrics.md#environment).
+
+    CPU is in cores (1.0 = one logical CPU busy for the whole level), split into this servelab process (the
+    client's own load: its headroom), the engine's process tree when known, and everything else on the host."""
+
+    samples: int = 0
+    contended: bool = False  # the contention rule (docs/metrics.md#contended) held during the level
+    reasons: list[str] = Field(default_factory=list)  # why it is contended, each with the figure it rests on
+    # Further readings (load average, run queue, steal, iowait, CPU by owner, GPU) are added by the sampler.
+    model_config = ConfigDict(extra="allow")
+
+
+class SteadyState(BaseModel):
+    """Whether a level ran long enough for its aggregate figures to mean something (docs/metrics.md#steady-state).
+    When `measured` is false the level's throughput figures have no value and `reason` says why."""
+
+    measured: bool = True
+    reason: str | None = None
+    model_config = ConfigDict(extra="allow")
+
+
 class Summary(BaseModel):
     """The figures for one load level."""
 
@@ -189,6 +214,10 @@ class Summary(BaseModel):
     # With latency targets (issue 3): {"passed", "targets": {key: {"limit_ms", "observed_ms", "passed"}}};
     # see bench/slo.py and docs/metrics.md#slo-level.
     slo: dict[str, Any] | None = None
+    # What the machine did during the level (None: not sampled, e.g. files written before it existed).
+    environment: EnvironmentSummary | None = None
+    # Whether the level reached a steady state; None for files written before the rule existed.
+    steady: SteadyState | None = None
 
 
 class BenchResult(BaseModel):

@@ -54,6 +54,11 @@ class BenchOptions:
     tokenizer: str = "auto"
     # The modes beyond single and sweep (concurrency, rate, rate-sweep, slo-search): see bench/plans.py.
     plan: LoadPlan = field(default_factory=LoadPlan)
+    # The engine's processes when servelab launched it (their trees' CPU is the engine's, not "other" load);
+    # empty: found from the URL's listening port where the server runs on this host (bench/environment.py).
+    engine_pids: list[int] = field(default_factory=list)
+    # Which trial of an experiment's cell this bench is (stamped on every record; docs/metrics.md#trials).
+    trial: int = 0
 
 
 @dataclass
