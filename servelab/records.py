@@ -168,17 +168,47 @@ class ServerEvidence(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
+class TopProcess(BaseModel):
+    """A process other than servelab and the engine, with the CPU it used over a level (cores)."""
+
+    pid: int
+    name: str
+    cores: float
+
+
 class EnvironmentSummary(BaseModel):
     """What the machine did while one load level ran (bench/environment.py; docs/metrics.md#environment).
 
     CPU is in cores (1.0 = one logical CPU busy for the whole level), split into this servelab process (the
-    client's own load: its headroom), the engine's process tree when known, and everything else on the host."""
+    client's own load: its headroom), the engine's process tree when known, and everything else on the host.
+    Means are over the level (total CPU time ÷ its duration), maxima over one sampling interval. Every reading is
+    optional: None when it could not be taken (no /proc, no NVML, no engine on this host), and files written
+    before a field existed still load."""
 
-    samples: int = 0
+    samples: int = 0  # readings taken during the level (one at its start and one at its end, at least)
     contended: bool = False  # the contention rule (docs/metrics.md#contended) held during the level
     reasons: list[str] = Field(default_factory=list)  # why it is contended, each with the figure it rests on
-    # Further readings (load average, run queue, steal, iowait, CPU by owner, GPU) are added by the sampler.
-    model_config = ConfigDict(extra="allow")
+    interval_s: float | None = None  # the sampling interval asked for
+    duration_s: float | None = None  # first to last reading
+    host_cpus: int | None = None  # online logical CPUs
+    load1_mean: float | None = None  # 1-minute load average (os.getloadavg), mean and max over the readings
+    load1_max: float | None = None
+    run_queue_mean: float | None = None  # runnable tasks on the host (/proc/stat procs_running, the sampler
+    run_queue_max: float | None = None  # itself excluded), mean and max over the readings
+    steal_pct: float | None = None  # CPU steal, % of host CPU time over the level
+    iowait_pct: float | None = None  # CPU iowait, % of host CPU time over the level
+    host_busy_cores_mean: float | None = None  # all busy CPU on the host (user+nice+system+irq+softirq)
+    other_cpu_cores_mean: float | None = None  # host busy − client − engine, clamped at 0
+    other_cpu_cores_max: float | None = None
+    client_cpu_cores_mean: float | None = None  # this servelab process, all its threads
+    client_cpu_cores_max: float | None = None
+    engine_cpu_cores_mean: float | None = None  # the engine's process tree; None when it is not on this host
+    engine_cpu_cores_max: float | None = None  # or could not be found
+    engine_pids: list[int] = Field(default_factory=list)  # the roots of the engine's tree that was watched
+    gpu_util_pct_mean: float | None = None  # NVML utilisation, mean over devices and readings; None without NVML
+    gpu_clock_mhz_mean: float | None = None  # NVML SM clock, likewise
+    top_others: list[TopProcess] = Field(default_factory=list)  # the busiest other processes over the level
+    note: str | None = None  # a limit of the readings, e.g. the engine runs here but its process was not visible
 
 
 class SteadyState(BaseModel):
@@ -329,6 +359,9 @@ class Provenance(BaseModel):
     model_size_bytes: int | None = None
     model_format: str | None = None
     host: HostInfo | None = None
+    # How busy the host was when the run began: a short look by the same definitions as a level's environment
+    # (docs/metrics.md#environment), the engine's tree excluded once it runs. None: not measured (older files).
+    host_load: EnvironmentSummary | None = None
 
 
 class RunSummary(BaseModel):
