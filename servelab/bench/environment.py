@@ -613,7 +613,7 @@ def host_load(engine_pids: Iterable[int] = (), window_s: float = HOST_LOAD_WINDO
     """How busy the host was over a short look (`window_s`), by the same definitions as a level's environment.
     None if it could not be measured."""
     try:
-        sampler = EnvironmentSampler(engine_pids, thread=False, gpu=False)
+        sampler = EnvironmentSampler(engine_pids, thread=False, gpu=False, interval_s=window_s)
         sampler.start_level()
         time.sleep(window_s)
         env = sampler.end_level()

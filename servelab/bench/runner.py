@@ -19,6 +19,7 @@ import aiohttp
 
 from servelab import aio
 from servelab.bench.client import ClientOptions, Deadlines, StreamClient
+from servelab.bench.environment import EnvironmentSampler, contention_warning
 from servelab.bench.loads import Recorder, Target, make_spec, run_concurrency, run_single
 from servelab.bench.metrics import peak_figures, summarize
 from servelab.bench.plans import (PLAN_MODES, LoadPlan, annotate_partial, plan_headline, prepare_workload,
@@ -33,7 +34,7 @@ from servelab.bench.workloads import WorkloadSource
 from servelab.engines.detect import detect_engine
 from servelab.errors import UserError
 from servelab.net import ensure_reachable, normalize_base_url
-from servelab.records import BenchResult, Figure, RequestRecord, Summary
+from servelab.records import BenchResult, EnvironmentSummary, Figure, RequestRecord, Summary
 
 
 @dataclass
@@ -79,6 +80,7 @@ class BenchState:
     current_plan: dict | None = None  # plans.py: mode, rate and load of the level in progress, if it runs one
     search: dict | None = None  # slo-search: probes, bracket and answer (plans.slo_search)
     client: StreamClient | None = None  # the run's client, for the requests it recorded as cancelled
+    environment: EnvironmentSampler | None = None  # what the machine did during each level (bench/environment.py)
 
     def collect_cancelled(self) -> None:
         """Pass on the requests that were in flight when the run was interrupted and that no load mode took yet
@@ -96,6 +98,7 @@ class BenchState:
                                     window=(start_ns, time.perf_counter_ns()),
                                     slos=self.options.plan.slos or None))
             annotate_partial(self, levels[-1], partial)
+            attach_environment(levels[-1], end_environment(self))
             levels[-1].warnings.append("interrupted: this level did not run to the end")
         result = BenchResult(url=self.url, model=self.model, mode=self.options.mode,
                              workload=self.options.workload.describe(self.accepts_ignore_eos,
@@ -170,6 +173,8 @@ async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
 async def begin_level(state: BenchState, tag: str, concurrency: int) -> None:
     """Mark a load level as running (so Ctrl-C can summarise it) and take the server's metrics before it."""
     state.current = (tag, concurrency, time.perf_counter_ns())
+    if state.environment is not None:
+        state.environment.start_level()
     if state.watcher is not None:
         await state.watcher.start_level()
 
@@ -179,17 +184,41 @@ async def finish_level(state: BenchState, records: list[RequestRecord], *, tag: 
     """Recount tokens where the stream gave no per-chunk counts (after the load, so it never perturbs it), then
     compute the level's figures and attach the server's own metrics."""
     server = await state.watcher.end_level(records) if state.watcher is not None else None
+    environment = end_environment(state)
     state.current = None
     if state.tokenizer is not None:
         await recount_with_tokenizer(records, state.tokenizer)
     summary = summarize(records, tag=tag, mode=mode, concurrency=concurrency, window=window)
     summary.server = server
+    attach_environment(summary, environment)
     events = sum(1 for r in records if not r.warmup for e in r.events if window[0] <= e.t_ns <= window[1])
     if summary.window_s > 0:
         warning = ceiling_warning(events / summary.window_s, state.client_ceiling)
         if warning:
             summary.warnings.append(warning)
     return summary
+
+
+def end_environment(state: BenchState) -> EnvironmentSummary | None:
+    """The environment of the level that is ending, from the run's sampler; None without one (or if it failed:
+    the environment is evidence beside the figures, never a reason to lose them)."""
+    if state.environment is None:
+        return None
+    try:
+        return state.environment.end_level()
+    except Exception:
+        return None
+
+
+def attach_environment(summary: Summary, environment: EnvironmentSummary | None) -> None:
+    """Put the level's environment on its summary, with a warning when it was contended
+    (docs/metrics.md#contended)."""
+    if environment is None:
+        return
+    summary.environment = environment
+    warning = contention_warning(environment)
+    if warning:
+        summary.warnings.append(warning)
 
 
 async def run_bench(state: BenchState) -> BenchResult:
@@ -204,9 +233,10 @@ async def run_bench(state: BenchState) -> BenchResult:
     client_opts = ClientOptions(deadlines=opts.deadlines, api_key=opts.api_key, stream_extras=dict(extras))
     target = Target(model=state.model, accepts_ignore_eos=state.accepts_ignore_eos,
                     accepts_min_tokens=state.accepts_min_tokens)
-    async with MetricsWatcher(state.url, adapter.metric_names if adapter else {}) as watcher, \
+    async with EnvironmentSampler(opts.engine_pids, url=state.url) as environment, \
+            MetricsWatcher(state.url, adapter.metric_names if adapter else {}) as watcher, \
             StreamClient(state.url, client_opts) as client:
-        state.watcher, state.client = watcher, client
+        state.watcher, state.client, state.environment = watcher, client, environment
         if opts.mode == "single":
             await warm_up(state, client, target, tag="single")
             await begin_level(state, "single", 1)
