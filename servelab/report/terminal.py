@@ -58,10 +58,17 @@ def render_levels(console: Console, result: BenchResult) -> None:
         table.add_column(col, justify="right")
     for s in result.levels:
         f = s.figures
-        table.add_row(s.tag, sent_cell(s), fmt(f["output_tok_s"].value), fmt(f["request_s"].value, 2),
+        table.add_row(level_cell(s), sent_cell(s), fmt(f["output_tok_s"].value), fmt(f["request_s"].value, 2),
                       fmt(f["decode_tok_s"].value), *_dist_cells(f.get("ttft_ms")), *_dist_cells(f.get("itl_ms")),
                       fmt(f["e2e_ms"].value, 0))
     console.print(table)
+    if any(s.environment is not None and s.environment.contended for s in result.levels):
+        console.print(Text(f"  {BUSY_MARK}: the machine was not quiet during the level (docs/metrics.md#contended);"
+                           " why, in its warning below", style="yellow"))
+    for s in result.levels:
+        line = environment_line(s)
+        if line:
+            console.print(Text(f"  {line}", style="dim"))
     for s in result.levels:
         for w in s.warnings:
             console.print(Text(f"  {s.tag}: {w}", style="yellow"))
@@ -72,6 +79,32 @@ def render_levels(console: Console, result: BenchResult) -> None:
         console.print(Text(f"  sweep stopped: {result.stop_reason}", style="dim"))
     if result.interrupted:
         console.print(Text("  interrupted: partial results", style="bold yellow"))
+
+
+BUSY_MARK = "⚠busy"
+
+
+def level_cell(s: Summary) -> str:
+    """The level's tag, marked when the machine was contended during it (docs/metrics.md#contended)."""
+    return f"{s.tag} {BUSY_MARK}" if s.environment is not None and s.environment.contended else s.tag
+
+
+def environment_line(s: Summary) -> str | None:
+    """One short line of what the machine did during the level: CPU in cores by owner, load, steal, GPU."""
+    env = s.environment
+    if env is None or env.samples == 0:
+        return None
+    parts = [f"other CPU {fmt(env.other_cpu_cores_mean, 2)} cores", f"client {fmt(env.client_cpu_cores_mean, 2)}"]
+    if env.engine_cpu_cores_mean is not None:
+        parts.append(f"engine {fmt(env.engine_cpu_cores_mean, 2)}")
+    if env.load1_mean is not None:
+        parts.append(f"load {fmt(env.load1_mean)}" + (f"/{env.host_cpus} CPUs" if env.host_cpus else ""))
+    if env.steal_pct is not None and env.steal_pct >= 1:
+        parts.append(f"steal {fmt(env.steal_pct)} %")
+    if env.gpu_util_pct_mean is not None:
+        parts.append(f"GPU {fmt(env.gpu_util_pct_mean, 0)} %" + (f" at {fmt(env.gpu_clock_mhz_mean, 0)} MHz"
+                                                                 if env.gpu_clock_mhz_mean is not None else ""))
+    return f"{s.tag} environment: " + ", ".join(parts)
 
 
 _HEADLINE_LABELS = {
@@ -112,6 +145,11 @@ def render_run(console: Console, summary: RunSummary, run_path: str) -> None:
         console.print(f"host: {prov.host.cpu_model} ({prov.host.cpu_cores_logical} CPUs), "
                       f"{(prov.host.ram_bytes or 0) / 2**30:.0f} GiB RAM"
                       + (f", {len(prov.host.gpus)} GPU(s)" if prov.host.gpus else ", no GPU"))
+    load = prov.host_load
+    if load is not None and load.samples:
+        console.print(Text(f"host at start: load {fmt(load.load1_mean)}, other CPU {fmt(load.other_cpu_cores_mean, 2)}"
+                           " cores" + (f" (busy: {'; '.join(load.reasons)})" if load.contended else ""),
+                           style="yellow" if load.contended else ""))
     console.print(f"written to {run_path}")
 
 

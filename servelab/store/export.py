@@ -39,9 +39,13 @@ LEVEL_SCALARS = ["output_tok_s", "request_s", "goodput_req_s", "slo_attainment"]
 LEVEL_DISTRIBUTIONS = ["ttft_ms", "ttfo_ms", "itl_ms", "itl_chunk_ms", "tpot_ms", "e2e_ms", "decode_tok_s",
                        "output_tokens", "client_lag_ms"]
 STATS = ["n", "mean", "min", "p50", "p90", "p95", "p99", "max"]
+# What the machine did during the level (Summary.environment; docs/metrics.md#environment), empty when not sampled.
+LEVEL_ENVIRONMENT = ["other_cpu_cores_mean", "client_cpu_cores_mean", "engine_cpu_cores_mean", "load1_mean",
+                     "steal_pct"]
 LEVEL_COLUMNS = (["tag", "mode", "concurrency", "rate", "requests", "ok", "failed", "cancelled", "errors",
                   "window_s", "counted_by", "slo_passed"] + LEVEL_SCALARS
-                 + [f"{name}_{stat}" for name in LEVEL_DISTRIBUTIONS for stat in STATS] + ["warnings"])
+                 + [f"{name}_{stat}" for name in LEVEL_DISTRIBUTIONS for stat in STATS]
+                 + ["contended"] + LEVEL_ENVIRONMENT + ["warnings"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -85,6 +89,10 @@ def level_row(s: Summary) -> dict[str, Any]:
         dist = s.figures[name].dist if name in s.figures else None
         for stat in STATS:
             row[f"{name}_{stat}"] = getattr(dist, stat) if dist else None
+    env = s.environment
+    row["contended"] = env.contended if env else None
+    for name in LEVEL_ENVIRONMENT:
+        row[name] = getattr(env, name) if env else None
     return row
 
 
