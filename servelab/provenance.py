@@ -197,9 +197,13 @@ def utc_now_iso() -> str:
 def build_provenance(*, engine: str | None = None, engine_version: str | None = None,
                      command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
                      model: str | None = None, model_path: str | None = None, model_size_bytes: int | None = None,
-                     model_format: str | None = None, started_at: str | None = None) -> Provenance:
+                     model_format: str | None = None, started_at: str | None = None,
+                     engine_pids: Sequence[int] = ()) -> Provenance:
     """A Provenance stamped with the time (now, unless `started_at` says when it began), servelab's version and
-    revision, and the host. Command and environment are redacted here, so no caller can forget to."""
+    revision, the host, and how busy the host was (a short look: `engine_pids`' trees, when the engine runs, are
+    not counted as other load). Command and environment are redacted here, so no caller can forget to."""
+    from servelab.bench.environment import host_load  # the bench package imports this module's neighbours
+
     return Provenance(
         started_at=started_at or utc_now_iso(),
         servelab_version=servelab.__version__,
@@ -214,4 +218,5 @@ def build_provenance(*, engine: str | None = None, engine_version: str | None = 
         model_size_bytes=model_size_bytes,
         model_format=model_format,
         host=host_info(),
+        host_load=host_load(engine_pids),
     )

@@ -83,7 +83,7 @@ class RunningEngine:
                             verdict=verdict, log_path=str(self.log_path), lint=self.lint())
 
     def provenance(self) -> Provenance:
-        return launch_provenance(self.spec, self.adapter, self.launch, self.started_at)
+        return launch_provenance(self.spec, self.adapter, self.launch, self.started_at, engine_pids=[self.pid])
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         self._stopped = True
@@ -96,9 +96,10 @@ class RunningEngine:
         self.stop()
 
 
-def launch_provenance(spec: EngineSpec, adapter: EngineAdapter, launch: Launch, started_at: str) -> Provenance:
+def launch_provenance(spec: EngineSpec, adapter: EngineAdapter, launch: Launch, started_at: str,
+                      engine_pids: list[int] | None = None) -> Provenance:
     return build_provenance(
         engine=adapter.name, engine_version=adapter.version(), command=launch.command,
         env=relevant_env(launch.env), model=spec.model, model_path=launch.model_path,
         model_size_bytes=launch.extra.get("model_size_bytes"), model_format=launch.extra.get("model_format"),
-        started_at=started_at)
+        started_at=started_at, engine_pids=engine_pids or ())
