@@ -1,31 +1,37 @@
-"""One cell of an experiment: bring the server up (or take the URL of one already running), verify it, bench
-single-stream then sweep, stop it, summarise. `servelab run` with or without a file runs every cell through
-`run_cell`; the embedded default is an experiment like any other (experiment/default.py).
+"""One cell of an experiment: bring the server up (or take the URL of one already running), verify it, bench it
+once per trial (single-stream then sweep), stop it, summarise. `servelab run` with or without a file runs every
+cell through a CellSession; the embedded default is an experiment like any other (experiment/default.py).
+
+A session outlives one trial, so an experiment can keep every cell's server up and interleave their trials
+(experiment/schedule.py), or stop a server between its trials when only one fits at a time.
 
 Each step's result is written to the run directory as soon as it exists (records as each request completes), so
 Ctrl-C or a failing step leaves a readable, correct partial run: summary.json says `interrupted` or `failed`.
 A cell that cannot start (engine missing, model missing, crash during start-up) or whose server cannot be
-reached is returned as `failed` with the reason, never raised: the experiment goes on to the next cell.
+reached is marked `failed` with the reason, never raised: the experiment goes on to the next cell.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import dataclasses
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from servelab.bench.runner import BenchOptions, bench
+from servelab.bench.trials import counted_trials, pooled_benches, run_headline
 from servelab.engines import EngineSpec
 from servelab.errors import EngineFailed, UserError
-from servelab.lifecycle.launch import RunningEngine
+from servelab.lifecycle.running import RunningEngine
 from servelab.provenance import build_provenance
-from servelab.records import BenchResult, RunSummary
+from servelab.records import BenchResult, RequestRecord, RunSummary, Trial
 from servelab.report.live import live_launch
-from servelab.report.terminal import render_checks, render_levels, render_lint
-from servelab.store.rundir import RunDir
+from servelab.report.terminal import level_line, render_checks, render_levels, render_lint
+from servelab.store.rundir import RunDir, read_records
 from servelab.verify.runner import verify
 
 
@@ -50,78 +56,171 @@ class CellPlan:
     model: str | None = None  # the model id to request at `url` (None: the first the server lists)
     verify: VerifyPlan = field(default_factory=VerifyPlan)
     ready_timeout_s: float = 600.0
+    trials: int = 1  # how many trials the experiment plans for this cell (for the headings)
+
+
+class CellSession:
+    """One cell's run directory and server across its trials. `start()` brings the server up (and verifies it
+    the first time), `bench_trial()` runs one trial, `stop()` stops the server (it can be started again),
+    `finish()` ends the cell. The summary is saved after every step."""
+
+    def __init__(self, plan: CellPlan, console: Console):
+        self.plan, self.console = plan, console
+        self.rundir = RunDir(plan.run_dir)
+        self.summary = RunSummary(run_id=plan.run_id, status="interrupted",
+                                  provenance=build_provenance(engine=plan.spec.engine if plan.spec else None,
+                                                              model=plan.spec.model if plan.spec else plan.model))
+        self.engine: RunningEngine | None = None
+        self._stack = contextlib.ExitStack()
+        self.url: str | None = plan.url
+        self.served_model: str | None = plan.model
+        self.failed = False
+        self._sweep_levels: list[int] | None = None  # the concurrencies of the first trial's sweep
+        self.save()
+
+    # ---- the server ----
+    @property
+    def running(self) -> bool:
+        return self.plan.spec is None or self.engine is not None
+
+    def start(self) -> bool:
+        """Bring the server up (a URL cell: nothing to start) and verify it once. False when the cell failed (the
+        summary says why); KeyboardInterrupt propagates."""
+        if self.failed:
+            return False
+        try:
+            if self.plan.spec is not None and self.engine is None:
+                self.engine = self._stack.enter_context(live_launch(self.plan.spec, self.rundir.path, self.console,
+                                                                    ready_timeout_s=self.plan.ready_timeout_s))
+                self.url, self.served_model = self.engine.url, self.engine.served_model
+                self.summary.provenance = self.engine.provenance()
+                launch = self.engine.result()
+                if self.summary.launch is None:
+                    render_lint(self.console, launch.lint)
+                self.summary.launch = launch
+                self.save()
+            if self.plan.verify.enabled and self.summary.verify is None:
+                self.console.rule("verify")
+                v = self.plan.verify
+                self.summary.verify = verify(self.url, model=self.served_model, only=v.only, skip=v.skip,
+                                             check_timeout_s=v.check_timeout_s)
+                render_checks(self.console, self.summary.verify)
+                self.save()
+            return True
+        except UserError as exc:
+            if isinstance(exc, EngineFailed) and exc.launch_result is not None:
+                self.summary.launch = exc.launch_result
+            self.fail(exc)
+            return False
+
+    def stop(self) -> None:
+        """Stop the server servelab launched (lint read again first: some engines only reveal a setting in the
+        lines they log while serving)."""
+        if self.engine is not None:
+            with contextlib.suppress(Exception):
+                if self.summary.launch is not None:
+                    self.summary.launch.lint = self.engine.lint()
+            self.engine = None
+            self._stack.close()
+            self._stack = contextlib.ExitStack()
+            self.save()
+
+    # ---- trials ----
+    def bench_trial(self, index: int, slot: int | None = None) -> Trial | None:
+        """Run trial `index` against the running server. Returns it (None when the cell failed during it)."""
+        trial = Trial(index=index, slot=slot, status="interrupted",
+                      started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        self.summary.trials.append(trial)
+        many = self.plan.trials > 1
+        try:
+            for name, base in (("single", self.plan.single), ("sweep", self.plan.sweep)):
+                if base is None:
+                    continue
+                opts = dataclasses.replace(base, model=base.model or self.served_model, trial=index,
+                                           engine_pids=[self.engine.pid] if self.engine else [])
+                if name == "sweep" and self._sweep_levels:
+                    opts.sweep_levels = list(self._sweep_levels)  # every trial runs the first trial's levels
+                if not many:
+                    self.console.rule(f"bench: {name}")
+                result = self._bench(opts)
+                setattr(trial, name, result)
+                if name == "sweep" and self._sweep_levels is None:
+                    self._sweep_levels = [s.concurrency for s in result.levels if s.mode == "concurrency"]
+                if self.summary.provenance.engine is None:
+                    self.summary.provenance.engine = result.workload.get("engine_detected")
+                self._render(name, result, many)
+                self.save()
+                if result.interrupted:
+                    raise KeyboardInterrupt
+            trial.status = "complete"
+            self.save()
+            return trial
+        except UserError as exc:
+            trial.status = "failed"
+            self.fail(exc)
+            return None
+
+    def _bench(self, opts: BenchOptions) -> BenchResult:
+        def on_record(record: RequestRecord) -> None:
+            record.trial = opts.trial
+            self.rundir.append_record(record)
+
+        result = bench(self.url, opts, on_record=on_record)
+        for level in result.levels:
+            level.trial = opts.trial
+        return result
+
+    def _render(self, name: str, result: BenchResult, many: bool) -> None:
+        if not many:
+            render_levels(self.console, result)
+            return
+        for level in result.levels:
+            busy = level.environment is not None and level.environment.contended
+            self.console.print(Text(f"  {name:6} {level_line(level)}" + ("  ⚠ contended" if busy else ""),
+                                    style="yellow" if busy else ""), highlight=False)
+
+    # ---- the end ----
+    def fail(self, exc: UserError) -> None:
+        self.failed = True
+        self.summary.status = "failed"
+        self.summary.error = exc.message + (f" ({exc.hint})" if exc.hint else "")
+        self.console.print(f"[bold red]cell failed:[/bold red] {self.summary.error}", highlight=False)
+        self.save()
+
+    def finish(self) -> RunSummary:
+        """Stop the server and write the final summary: complete when every planned trial completed (a cell
+        whose trials all ran before an interruption is complete)."""
+        self.stop()
+        if not self.failed:
+            done = sum(1 for t in self.summary.trials if t.status == "complete")
+            self.summary.status = "complete" if done >= self.plan.trials else "interrupted"
+        self.rundir.close()
+        self.save(final=True)
+        return self.summary
+
+    def save(self, final: bool = False) -> None:
+        """summary.json, its headline pooled over the trials that count (bench/trials.py)."""
+        trials = self.summary.trials
+        if len(trials) <= 1:
+            only = trials[0] if trials else None
+            self.summary.headline = run_headline(only.single, only.sweep) if only else {}
+            self.summary.excluded_trials = []
+        elif final or all(t.status != "interrupted" for t in trials):
+            counted, excluded = counted_trials(trials)
+            records = read_records(self.rundir.records_path) if self.rundir.records_path.exists() else []
+            single, sweep = pooled_benches(counted, records)
+            self.summary.headline = run_headline(single, sweep)
+            self.summary.excluded_trials = [t.index for t in excluded]
+        self.rundir.write_json("summary.json", self.summary)
 
 
 def run_cell(plan: CellPlan, console: Console) -> RunSummary:
-    """Run one cell to the end; the summary's status says how it ended (complete, failed, interrupted)."""
-    rundir = RunDir(plan.run_dir)
-    model_name = plan.spec.model if plan.spec else plan.model
-    summary = RunSummary(run_id=plan.run_id, status="interrupted",
-                         provenance=build_provenance(engine=plan.spec.engine if plan.spec else None,
-                                                     model=model_name))
-
-    def save() -> None:
-        summary.headline = {**(summary.single.headline if summary.single else {}),
-                            **({k: v for k, v in summary.sweep.headline.items() if k.startswith("peak.")}
-                               if summary.sweep else {})}
-        rundir.write_json("summary.json", summary)
-
-    save()
+    """One cell, one trial, start to end; the summary's status says how it ended (complete, failed,
+    interrupted)."""
+    session = CellSession(plan, console)
     try:
-        with _server(plan, rundir, console) as engine:
-            url, served_model = (engine.url, engine.served_model) if engine else (plan.url, plan.model)
-            if engine is not None:
-                summary.provenance = engine.provenance()
-                summary.launch = engine.result()
-                render_lint(console, summary.launch.lint)
-                save()
-            if plan.verify.enabled:
-                console.rule("verify")
-                summary.verify = verify(url, model=served_model, only=plan.verify.only, skip=plan.verify.skip,
-                                        check_timeout_s=plan.verify.check_timeout_s)
-                render_checks(console, summary.verify)
-                save()
-            for name, opts in (("single", plan.single), ("sweep", plan.sweep)):
-                if opts is None:
-                    continue
-                console.rule(f"bench: {name}")
-                opts.model = opts.model or served_model
-                result = _bench_step(url, opts, rundir, console)
-                setattr(summary, name, result)
-                if engine is None and summary.provenance.engine is None:
-                    summary.provenance.engine = result.workload.get("engine_detected")
-                save()
-                if result.interrupted:
-                    raise KeyboardInterrupt
-            if engine is not None:
-                # Again after the load: some engines only reveal a setting in the lines they log while serving.
-                summary.launch.lint = engine.lint()
-            summary.status = "complete"
+        if session.start():
+            session.bench_trial(0)
     except KeyboardInterrupt:
-        summary.status = "interrupted"
         console.print("[yellow]interrupted: the engine was stopped and partial results were written[/yellow]")
-    except UserError as exc:
-        summary.status, summary.error = "failed", exc.message + (f" ({exc.hint})" if exc.hint else "")
-        if isinstance(exc, EngineFailed) and exc.launch_result is not None:
-            summary.launch = exc.launch_result
-        console.print(f"[bold red]cell failed:[/bold red] {summary.error}", highlight=False)
-    finally:
-        rundir.close()
-        save()
-    return summary
-
-
-@contextlib.contextmanager
-def _server(plan: CellPlan, rundir: RunDir, console: Console) -> Iterator[RunningEngine | None]:
-    """The engine servelab launched (stopped on leaving), or None for a server that was already running."""
-    if plan.spec is None:
-        yield None
-        return
-    with live_launch(plan.spec, rundir.path, console, ready_timeout_s=plan.ready_timeout_s) as engine:
-        yield engine
-
-
-def _bench_step(url: str, opts: BenchOptions, rundir: RunDir, console: Console) -> BenchResult:
-    result = bench(url, opts, on_record=rundir.append_record)
-    render_levels(console, result)
-    return result
+    return session.finish()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servelab import SCHEMA_VERSION
 
@@ -217,7 +217,31 @@ class SteadyState(BaseModel):
 
     measured: bool = True
     reason: str | None = None
-    model_config = ConfigDict(extra="allow")
+    completed_in_window: int | None = None  # successful requests that ended inside the window
+    min_completed: int | None = None  # N: how many the rule asks for
+    latency_multiple: float | None = None  # K: the window must last K x E2E p50
+    e2e_p50_s: float | None = None  # of the requests completed in the window (of all that finished, if none did)
+    window_s: float | None = None
+    # What stopped the level sending: steady (the rule held after its duration), budget (--requests), schedule,
+    # cap, failures (its first requests all failed), failing (most had failed when its duration ran out),
+    # duration (no rule), interrupted.
+    ended_by: str | None = None
+    capped: bool = False  # the cap ended it; requests still in flight after a grace were cancelled
+    cap_s: float | None = None
+    # Open loop: the offered rate and the completions per second in the window; kept_up is false when the
+    # completions were below half the offered rate.
+    offered_rate: float | None = None
+    completed_rate: float | None = None
+    kept_up: bool | None = None
+
+
+class ErrorCount(BaseModel):
+    """One kind of failure of a level and how often it happened (docs/metrics.md#errors)."""
+
+    kind: str  # error_kind
+    status: int | None = None  # HTTP status, when there was one
+    detail: str | None = None  # the first such request's error_detail (a response excerpt for HTTP errors)
+    count: int
 
 
 class Summary(BaseModel):
@@ -248,6 +272,9 @@ class Summary(BaseModel):
     environment: EnvironmentSummary | None = None
     # Whether the level reached a steady state; None for files written before the rule existed.
     steady: SteadyState | None = None
+    # The most common failures, most frequent first (grouped by kind, status and detail with numbers masked).
+    top_errors: list[ErrorCount] = Field(default_factory=list)
+    trial: int = 0  # the trial of its cell this level ran in (docs/metrics.md#trials)
 
 
 class BenchResult(BaseModel):
@@ -364,8 +391,33 @@ class Provenance(BaseModel):
     host_load: EnvironmentSummary | None = None
 
 
+class Trial(BaseModel):
+    """One pass of a cell's bench steps (single-stream, then the sweep) against its server. An experiment repeats
+    each cell as several trials, interleaved with the other cells' (docs/metrics.md#trials); its records carry
+    the trial's `index` in `RequestRecord.trial`."""
+
+    index: int  # 0-based within the cell; also the round of the experiment's schedule it ran in
+    slot: int | None = None  # its position in the experiment's whole schedule (all cells' trials, in run order)
+    started_at: str | None = None  # ISO-8601 wall clock
+    status: Literal["complete", "interrupted", "failed"] = "complete"
+    single: BenchResult | None = None
+    sweep: BenchResult | None = None
+
+    @property
+    def benches(self) -> list[BenchResult]:
+        return [b for b in (self.single, self.sweep) if b is not None]
+
+    @property
+    def levels(self) -> list[Summary]:
+        return [s for b in self.benches for s in b.levels]
+
+    @property
+    def contended_levels(self) -> list[Summary]:
+        return [s for s in self.levels if s.environment is not None and s.environment.contended]
+
+
 class RunSummary(BaseModel):
-    """What `servelab run` writes as summary.json."""
+    """What `servelab run` writes as summary.json: one cell, measured as one or more trials."""
 
     schema_version: int = SCHEMA_VERSION
     run_id: str
@@ -374,9 +426,21 @@ class RunSummary(BaseModel):
     provenance: Provenance
     launch: LaunchResult | None = None
     verify: VerifyResult | None = None
-    single: BenchResult | None = None
-    sweep: BenchResult | None = None
+    trials: list[Trial] = Field(default_factory=list)
+    # Over every trial (the quiet ones when there are any): bench/trials.py pools them by the same definitions.
     headline: dict[str, Figure] = Field(default_factory=dict)
+    # Trials whose levels were contended and left out of the headline (bench/trials.py); empty when none were.
+    excluded_trials: list[int] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_trial_before_trials(cls, data: Any) -> Any:
+        """A summary written before trials existed held `single` and `sweep` directly: that was one trial."""
+        if isinstance(data, dict) and ("single" in data or "sweep" in data) and not data.get("trials"):
+            data = dict(data)
+            single, sweep = data.pop("single", None), data.pop("sweep", None)
+            data["trials"] = [{"index": 0, "single": single, "sweep": sweep}] if (single or sweep) else []
+        return data
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def test_a_run_comes_back_as_it_went_in(tmp_path: Path) -> None:
 
 def test_a_levels_cancelled_requests_are_a_column(tmp_path: Path) -> None:
     summary, records = synthetic_run("exp/ctrl-c")
-    summary.sweep.levels[-1].cancelled = 3
+    summary.trials[0].sweep.levels[-1].cancelled = 3
     with Store.open(tmp_path / "s.db") as store:
         save_run(store, summary, records, tmp_path)
         rows = store.db.execute("SELECT tag, cancelled FROM levels WHERE bench = 'sweep' ORDER BY seq").fetchall()

@@ -7,6 +7,8 @@ Each figure is re-computed on resampled data by the same definition that produce
 - aggregate output tok/s of a load level: resample equal-width time bins of the level's window (token counts
   per bin), the mean rate of the resampled bins being the throughput of the resample.
 
+A run of several trials is resampled hierarchically (Trials): trials first, then units within them.
+
 Two runs are resampled independently; the interval of their ratio is the percentile interval of the ratios of
 paired draws. Draws come from a fixed seed, so the same data always gives the same interval.
 """
@@ -26,68 +28,100 @@ SEED = 20240613  # any fixed value: reproducible intervals, not a tuned one
 
 
 class Resampler:
-    """A figure's data with its definition: `point()` is the figure, `draw(rng)` the figure of one resample."""
+    """A figure's data with its definition: `point()` is the figure, `draw(rng)` the figure of one resample.
 
-    n: int  # independent units resampled (requests, or time bins)
+    The data is a list of independent `units` (requests, or time bins) and `combine(units)` computes the figure
+    from any list of them, so units of several trials can be pooled (Trials)."""
 
-    def point(self) -> float:  # pragma: no cover - abstract
+    units: Sequence
+
+    @property
+    def n(self) -> int:  # independent units resampled
+        return len(self.units)
+
+    def combine(self, units: Sequence) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def draw(self, rng: random.Random) -> float:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def point(self) -> float:
+        return self.combine(self.units)
+
+    def draw(self, rng: random.Random) -> float:
+        return self.combine(rng.choices(self.units, k=self.n))
 
 
 @dataclass
 class MedianOf(Resampler):
     """The median of one value per request."""
 
-    values: Sequence[float]
+    units: Sequence[float]
 
-    def __post_init__(self) -> None:
-        self.n = len(self.values)
-
-    def point(self) -> float:
-        return percentile(sorted(self.values), 50)
-
-    def draw(self, rng: random.Random) -> float:
-        return percentile(sorted(rng.choices(self.values, k=self.n)), 50)
+    def combine(self, units: Sequence[float]) -> float:
+        return percentile(sorted(units), 50)
 
 
 @dataclass
 class PooledMedian(Resampler):
     """The median of samples pooled over requests, resampling whole requests (a cluster bootstrap)."""
 
-    groups: Sequence[Sequence[float]]
+    units: Sequence[Sequence[float]]
 
     def __post_init__(self) -> None:
-        self.groups = [g for g in self.groups if g]
-        self.n = len(self.groups)
+        self.units = [g for g in self.units if g]
 
-    def point(self) -> float:
-        return percentile(sorted(v for g in self.groups for v in g), 50)
-
-    def draw(self, rng: random.Random) -> float:
-        pooled = [v for g in rng.choices(self.groups, k=self.n) for v in g]
-        return percentile(sorted(pooled), 50)
+    def combine(self, units: Sequence[Sequence[float]]) -> float:
+        return percentile(sorted(v for g in units for v in g), 50)
 
 
 @dataclass
 class BinnedRate(Resampler):
-    """Tokens per second over a window split into equal bins: the mean of the per-bin counts over the bin width.
-    `scale` ties the resampled rates to the reported figure when the bins' total differs from it by edge tokens."""
+    """Tokens per second over a window split into equal bins: the resampled bins' tokens over their total width.
+    A unit is (tokens, seconds) of one bin, so bins of trials with different widths pool correctly. `scale` ties
+    the rate to the reported figure when the bins' total differs from it by edge tokens."""
 
     counts: Sequence[int]
     bin_s: float
     scale: float = 1.0
 
     def __post_init__(self) -> None:
-        self.n = len(self.counts)
+        self.units = [(c * self.scale, self.bin_s) for c in self.counts]
 
-    def point(self) -> float:
-        return sum(self.counts) / (self.n * self.bin_s) * self.scale
+    def combine(self, units: Sequence[tuple[float, float]]) -> float:
+        seconds = sum(s for _, s in units)
+        return sum(c for c, _ in units) / seconds if seconds else math.nan
+
+
+@dataclass
+class Trials(Resampler):
+    """A hierarchical bootstrap over a cell's trials: each draw resamples the trials with replacement, then the
+    units within each drawn trial, and computes the figure over everything drawn (docs/metrics.md#trial-intervals).
+    Variation between trials (other work on the machine, CPU frequency, order) widens the interval as much as
+    the trials differ, which resampling requests alone cannot see. With one trial it is the plain bootstrap."""
+
+    parts: Sequence[Resampler]
+    ids: Sequence[int] | None = None  # each part's trial index (default: 0, 1, …)
+
+    def __post_init__(self) -> None:
+        ids = list(self.ids) if self.ids is not None else list(range(len(self.parts)))
+        kept = [(i, p) for i, p in zip(ids, self.parts) if p.n]
+        self.ids, self.parts = [i for i, _ in kept], [p for _, p in kept]
+        self.units = [u for p in self.parts for u in p.units]
+
+    @property
+    def trials(self) -> int:
+        return len(self.parts)
+
+    def combine(self, units: Sequence) -> float:
+        return self.parts[0].combine(units)
 
     def draw(self, rng: random.Random) -> float:
-        return sum(rng.choices(self.counts, k=self.n)) / (self.n * self.bin_s) * self.scale
+        picked = rng.choices(self.parts, k=len(self.parts))
+        return self.combine([u for p in picked for u in rng.choices(p.units, k=p.n)])
+
+    def trial_points(self) -> list[float]:
+        return [p.point() for p in self.parts]
+
+    def points_by_trial(self) -> dict[int, float]:
+        return dict(zip(self.ids, self.trial_points()))  # type: ignore[arg-type]
 
 
 def time_bins(times_ns: Sequence[tuple[int, int]], start_ns: int, window_s: float) -> tuple[list[int], float]:

@@ -12,13 +12,18 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from servelab import SCHEMA_VERSION
-from servelab.compare.bootstrap import CONFIDENCE, RESAMPLES, Interval, figure_interval, ratio_interval
+from servelab.compare.bootstrap import (CONFIDENCE, RESAMPLES, Interval, Trials, figure_interval,
+                                         ratio_interval)
 from servelab.compare.comparability import comparability_warnings
 from servelab.compare.metrics import KEY_METRICS, KeyMetric
 from servelab.compare.sources import RunData
 from servelab.errors import UserError
 
-Verdict = Literal["baseline", "better", "worse", "within noise", "no interval", "missing"]
+# better / worse: the whole interval on one side of 1 and every trial agreeing; inconsistent: the interval is on
+# one side but the trials are not; contended: a run's only trials were measured on a busy machine, so no
+# direction is claimed (docs/metrics.md#verdicts).
+Verdict = Literal["baseline", "better", "worse", "within noise", "inconsistent", "contended", "no interval",
+                  "missing"]
 
 
 class FigureCell(BaseModel):
@@ -26,12 +31,17 @@ class FigureCell(BaseModel):
     ci: tuple[float, float] | None = None  # the figure's own 95 % interval
     n: int | None = None  # units resampled: requests, or time bins for throughput
     where: str | None = None  # the level it was measured at, for figures whose level can differ between runs
+    trials: int | None = None  # trials resampled (hierarchical bootstrap); None for a literal figure
+    trial_values: list[float] = Field(default_factory=list)  # the figure of each trial that counts
 
 
 class RatioCell(BaseModel):
     ratio: float | None
     ci: tuple[float, float] | None = None  # 95 % interval of the ratio to the baseline
     verdict: Verdict
+    # The ratio trial by trial: paired by round for runs of one interleaved experiment, else each trial against
+    # the baseline's pooled figure. The verdict needs them to agree.
+    trial_ratios: list[float] = Field(default_factory=list)
 
 
 class Row(BaseModel):
@@ -51,6 +61,9 @@ class RunRef(BaseModel):
     literal: bool
     representative: bool
     serious: list[str] = Field(default_factory=list)
+    trials: int = 1  # trials whose figures count
+    excluded_trials: list[int] = Field(default_factory=list)  # contended trials left out (1-based)
+    contended: bool = False  # every trial that counts was contended
 
 
 class Comparison(BaseModel):
@@ -60,8 +73,9 @@ class Comparison(BaseModel):
     rows: list[Row]
     warnings: list[str] = Field(default_factory=list)
     verdicts: list[str] = Field(default_factory=list)  # one sentence per finding, for people
-    method: str = (f"bootstrap, {RESAMPLES} resamples, {CONFIDENCE:.0%} percentile intervals; requests resampled "
-                   f"for per-request figures, time bins for throughput (docs/metrics.md#comparing-runs)")
+    method: str = (f"hierarchical bootstrap, {RESAMPLES} resamples, {CONFIDENCE:.0%} percentile intervals: trials "
+                   f"resampled, then requests (time bins for throughput) within each; better/worse only when "
+                   f"every trial agrees (docs/metrics.md#comparing-runs)")
 
 
 class NoCommonMetrics(UserError):
@@ -93,7 +107,9 @@ def compare_runs(runs: list[RunData]) -> Comparison:
     comparison = Comparison(
         baseline=baseline.name, rows=rows, warnings=comparability_warnings(baseline, others),
         runs=[RunRef(name=r.name, ref=r.ref, status=r.status, literal=r.literal, representative=not r.serious,
-                     serious=[f"{f.setting}: {f.why}" for f in r.serious]) for r in runs])
+                     serious=[f"{f.setting}: {f.why}" for f in r.serious], trials=0 if r.literal else len(r.counted),
+                     excluded_trials=[i + 1 for i in r.excluded], contended=r.all_contended) for r in runs])
+    comparison.warnings += trial_warnings(runs)
     for i, run in enumerate(others, start=1):
         if not any(row.figures[i].value is not None for row in rows):
             comparison.warnings.append(f"{run.name} has none of the figures the baseline has")
@@ -104,6 +120,33 @@ def compare_runs(runs: list[RunData]) -> Comparison:
                                        f"the runs carried different loads")
     comparison.verdicts = verdict_sentences(comparison)
     return comparison
+
+
+def trial_warnings(runs: list[RunData]) -> list[str]:
+    """What the trials behind the comparison can and cannot show."""
+    out: list[str] = []
+    measured = [r for r in runs if not r.literal]
+    if measured and all(len(r.counted) <= 1 for r in measured):
+        out.append("one trial per run: the intervals cover the variation between requests within each run, not "
+                   "between runs (other work on the machine, CPU frequency, the order the runs ran in); repeat "
+                   "the runs, interleaved (`trials:` in an experiment), before trusting a small difference")
+    for r in measured:
+        if r.excluded:
+            out.append(f"{r.name}: trial(s) {', '.join(str(i + 1) for i in r.excluded)} ran on a contended machine "
+                       f"and are left out ({_contention_reason(r, r.excluded[0])})")
+        if r.all_contended:
+            out.append(f"{r.name}: every trial ran on a contended machine ({_contention_reason(r, r.counted[0])}): "
+                       f"its figures are shown, but no verdict rests on them")
+    return out
+
+
+def _contention_reason(run: RunData, trial: int) -> str:
+    for t in run.trials:
+        if t.index == trial and t.contended_levels:
+            level = t.contended_levels[0]
+            reasons = level.environment.reasons if level.environment else []
+            return f"trial {trial + 1}, {level.tag}: " + ("; ".join(reasons) or "contended")
+    return "contended"
 
 
 def _unique_names(runs: list[RunData]) -> None:
@@ -118,7 +161,9 @@ def _figure_cell(run: RunData, metric: KeyMetric, sampler) -> FigureCell:
     ci = figure_interval(sampler, f"{run.ref}:{metric.key}") if sampler is not None else None
     return FigureCell(value=metric.value(run), ci=(ci.low, ci.high) if ci else None,
                       n=sampler.n if sampler is not None else None,
-                      where=metric.where(run) if metric.where and not run.literal else None)
+                      where=metric.where(run) if metric.where and not run.literal else None,
+                      trials=sampler.trials if isinstance(sampler, Trials) else None,
+                      trial_values=sampler.trial_points() if isinstance(sampler, Trials) else [])
 
 
 def _ratio_cell(metric: KeyMetric, baseline: RunData, run: RunData, base_sampler, sampler) -> RatioCell:
@@ -131,16 +176,44 @@ def _ratio_cell(metric: KeyMetric, baseline: RunData, run: RunData, base_sampler
             ci = ratio_interval(sampler, base, f"{baseline.ref}:{run.ref}:{metric.key}")
         elif base_sampler is not None:
             ci = ratio_interval(sampler, base_sampler, f"{baseline.ref}:{run.ref}:{metric.key}")
-    return RatioCell(ratio=value / base, ci=(ci.low, ci.high) if ci else None, verdict=judge(ci, metric))
+    trial_ratios = _trial_ratios(baseline, run, base, base_sampler, sampler)
+    verdict = judge(ci, metric, trial_ratios)
+    if verdict in ("better", "worse", "inconsistent") and (run.all_contended or baseline.all_contended):
+        verdict = "contended"
+    return RatioCell(ratio=value / base, ci=(ci.low, ci.high) if ci else None, verdict=verdict,
+                     trial_ratios=trial_ratios)
 
 
-def judge(ci: Interval | None, metric: KeyMetric) -> Verdict:
+def _trial_ratios(baseline: RunData, run: RunData, base: float, base_sampler, sampler) -> list[float]:
+    """Each trial's ratio: paired by round when both runs ran interleaved in one experiment with the same trials,
+    else each of the run's trials against the baseline's pooled figure."""
+    if not isinstance(sampler, Trials) or sampler.trials < 2 and not (
+            isinstance(base_sampler, Trials) and base_sampler.trials >= 2):
+        return []
+    mine = sampler.trial_points()
+    if isinstance(base_sampler, Trials):
+        theirs = base_sampler.trial_points()
+        if baseline.experiment_id is not None and baseline.experiment_id == run.experiment_id:
+            # one interleaved experiment: trial i of each cell ran in round i, side by side
+            a, b = sampler.points_by_trial(), base_sampler.points_by_trial()
+            rounds = sorted(set(a) & set(b))
+            if len(rounds) >= 2:
+                return [a[i] / b[i] for i in rounds if b[i]]
+        if len(mine) == 1:  # one trial against several: it against each baseline trial
+            return [mine[0] / b for b in theirs if b]
+    return [a / base for a in mine]
+
+
+def judge(ci: Interval | None, metric: KeyMetric, trial_ratios: list[float] | None = None) -> Verdict:
     if ci is None:
         return "no interval"
-    if ci.low > 1:
-        return "better" if metric.higher_is_better else "worse"
-    if ci.high < 1:
-        return "worse" if metric.higher_is_better else "better"
+    ratios = trial_ratios or []
+    above, below = sum(1 for r in ratios if r > 1), sum(1 for r in ratios if r < 1)
+    if ci.low > 1 or ci.high < 1:
+        if ratios and (above and below):
+            return "inconsistent"
+        good = ci.low > 1 if metric.higher_is_better else ci.high < 1
+        return "better" if good else "worse"
     return "within noise"
 
 
@@ -174,9 +247,14 @@ def verdict_sentences(comparison: Comparison) -> list[str]:
         parts = []
         for row in comparison.rows:
             cell = row.ratios[i]
-            if cell.verdict in ("better", "worse", "within noise") and cell.ratio is not None:
-                lo, hi = cell.ci  # type: ignore[misc]  # set whenever the verdict is one of these
-                parts.append(f"{row.label}: {cell.verdict} (×{cell.ratio:.2f}, 95 % CI ×{lo:.2f}–×{hi:.2f})")
+            if cell.verdict in ("better", "worse", "within noise", "inconsistent", "contended") \
+                    and cell.ratio is not None and cell.ci is not None:
+                lo, hi = cell.ci
+                said = {"inconsistent": "inconsistent across trials", "contended": "no verdict (contended)"}.get(
+                    cell.verdict, cell.verdict)
+                per_trial = (", trials " + ", ".join(f"×{r:.2f}" for r in cell.trial_ratios)
+                             if cell.trial_ratios else "")
+                parts.append(f"{row.label}: {said} (×{cell.ratio:.2f}, 95 % CI ×{lo:.2f}–×{hi:.2f}{per_trial})")
         peak = next((row.ratios[i] for row in comparison.rows if row.key == "peak.output_tok_s"), None)
         if peak is not None and peak.verdict in ("better", "worse"):
             faster = "faster" if peak.verdict == "better" else "slower"

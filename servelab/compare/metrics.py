@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from servelab.bench import metrics as m
-from servelab.compare.bootstrap import BinnedRate, MedianOf, PooledMedian, Resampler, time_bins
+from servelab.compare.bootstrap import BinnedRate, MedianOf, PooledMedian, Resampler, Trials, time_bins
 from servelab.compare.sources import RunData
 from servelab.records import Figure, Summary
 
@@ -65,40 +65,57 @@ def top_level(run: RunData) -> Summary | None:
     return max(levels, key=lambda s: s.concurrency) if levels else None
 
 
+def _over_trials(run: RunData, level: Summary | None, build: Callable[[RunData, Summary, int], Resampler | None]
+                 ) -> Resampler | None:
+    """The figure's resampler over the trials that count (a Trials, hierarchical), each trial's part built from
+    that trial's records of the level."""
+    if level is None:
+        return None
+    built = [(trial, build(run, level, trial)) for trial in run.counted]
+    kept = [(trial, p) for trial, p in built if p is not None and p.n]
+    return Trials([p for _, p in kept], ids=[trial for trial, _ in kept]) if kept else None
+
+
 def _per_request(value: Callable, level_of: Callable[[RunData], Summary | None] = single_level
                  ) -> Callable[[RunData], Resampler | None]:
-    def build(run: RunData) -> Resampler | None:
-        level = level_of(run)
-        if level is None:
-            return None
-        values = [v for v in (value(r) for r in run.records_of(level.tag)) if v is not None]
+    def part(run: RunData, level: Summary, trial: int) -> Resampler | None:
+        values = [v for v in (value(r) for r in run.records_of(level.tag, trial)) if v is not None]
         return MedianOf(values) if values else None
-    return build
+    return lambda run: _over_trials(run, level_of(run), part)
 
 
 def _itl(run: RunData) -> Resampler | None:
-    level = single_level(run)
-    if level is None:
-        return None
-    groups = [m.token_gaps_ms(r) for r in run.records_of(level.tag)]
-    sampler = PooledMedian(groups)
-    return sampler if sampler.n else None
+    def part(run: RunData, level: Summary, trial: int) -> Resampler | None:
+        return PooledMedian([m.token_gaps_ms(r) for r in run.records_of(level.tag, trial)])
+    return _over_trials(run, single_level(run), part)
+
+
+def _trial_level(run: RunData, tag: str, trial: int) -> Summary | None:
+    """One trial's own level of a tag (the run's levels pool every trial)."""
+    for t in run.trials:
+        if t.index == trial:
+            return next((s for s in t.levels if s.tag == tag), None)
+    return None
 
 
 def _peak_throughput(run: RunData) -> Resampler | None:
-    level = peak_level(run)
-    records = run.records_of(level.tag) if level else []
-    if level is None or not records or level.window_s <= 0:
-        return None
-    # The level's window began at its first send (bench/loads: the level starts, then the first request goes);
-    # the figure is tokens received inside it over its length.
-    start = min(r.t_send_ns for r in records)
-    counts, bin_s = time_bins([(e.t_ns, e.tokens) for r in records for e in r.events], start, level.window_s)
-    if not sum(counts):
-        return None
-    reported = level.figures["output_tok_s"].value or 0.0
-    observed = sum(counts) / level.window_s
-    return BinnedRate(counts, bin_s, scale=reported / observed if observed else 1.0)
+    def part(run: RunData, pooled: Summary, trial: int) -> Resampler | None:
+        level = _trial_level(run, pooled.tag, trial) or (pooled if len(run.counted) == 1 else None)
+        records = run.records_of(pooled.tag, trial)
+        if level is None or not records or level.window_s <= 0:
+            return None
+        fig = level.figures.get("output_tok_s")
+        if fig is None or not fig.value:
+            return None  # not measured in this trial (too short for a steady state)
+        # The level's window began at its first send (bench/loads: the level starts, then the first request
+        # goes); the figure is tokens received inside it over its length.
+        start = min(r.t_send_ns for r in records)
+        counts, bin_s = time_bins([(e.t_ns, e.tokens) for r in records for e in r.events], start, level.window_s)
+        if not sum(counts):
+            return None
+        observed = sum(counts) / level.window_s
+        return BinnedRate(counts, bin_s, scale=fig.value / observed if observed else 1.0)
+    return _over_trials(run, peak_level(run), part)
 
 
 def _ms(ns: int | None) -> float | None:

@@ -11,9 +11,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servelab.bench.trials import counted_trials, is_contended, pooled_benches, run_headline
 from servelab.errors import UserError
 from servelab.records import (BenchResult, Figure, LaunchResult, LintFinding, Provenance, RequestRecord,
-                              RunSummary, Summary, VerifyResult)
+                              RunSummary, Summary, Trial, VerifyResult)
 from servelab.store.db import Store
 from servelab.store.rundir import read_records
 from servelab.store.runs import load_run, resolve_run_id
@@ -21,6 +22,9 @@ from servelab.store.runs import load_run, resolve_run_id
 
 @dataclass
 class RunData:
+    """One run as compare and report see it. `single` and `sweep` pool the trials that count (bench/trials.py:
+    the quiet ones when there are any), so figures read from them are the run's figures whatever its trials."""
+
     name: str  # how tables and charts label it: the cell's name, else the run id
     ref: str  # the run id, the directory, or "literal"
     status: str = "complete"
@@ -33,6 +37,10 @@ class RunData:
     provenance: Provenance | None = None
     error: str | None = None
     literal: bool = False  # figures typed by hand: no records, no workload, no interval
+    trials: list[Trial] = field(default_factory=list)  # every trial, as run
+    counted: list[int] = field(default_factory=lambda: [0])  # indices of the trials single/sweep pool
+    excluded: list[int] = field(default_factory=list)  # contended trials left out
+    experiment_id: str | None = None  # runs of one experiment ran interleaved: their trials pair by index
 
     @property
     def benches(self) -> list[BenchResult]:
@@ -46,15 +54,28 @@ class RunData:
     def serious(self) -> list[LintFinding]:
         return [f for f in (self.launch.lint if self.launch else []) if f.severity == "serious"]
 
-    def records_of(self, tag: str) -> list[RequestRecord]:
-        """The measured, successful requests of one level (the ones its figures are computed from)."""
-        return [r for r in self.records if r.tag == tag and not r.warmup and r.ok]
+    @property
+    def all_contended(self) -> bool:
+        """Every trial that counts had a contended level: its figures rest on a busy machine."""
+        by_index = {t.index: t for t in self.trials}
+        return bool(self.counted) and all(i in by_index and is_contended(by_index[i]) for i in self.counted)
+
+    def records_of(self, tag: str, trial: int | None = None) -> list[RequestRecord]:
+        """The measured, successful requests of one level (the ones its figures are computed from), over the
+        trials that count, or of one trial."""
+        trials = set(self.counted) if trial is None else {trial}
+        return [r for r in self.records if r.tag == tag and not r.warmup and r.ok and r.trial in trials]
 
 
-def from_summary(summary: RunSummary, records: list[RequestRecord], name: str | None, ref: str) -> RunData:
-    return RunData(name=name or summary.run_id, ref=ref, status=summary.status, single=summary.single,
-                   sweep=summary.sweep, headline=dict(summary.headline), records=records, launch=summary.launch,
-                   verify=summary.verify, provenance=summary.provenance, error=summary.error)
+def from_summary(summary: RunSummary, records: list[RequestRecord], name: str | None, ref: str,
+                 experiment_id: str | None = None) -> RunData:
+    counted, excluded = counted_trials(summary.trials)
+    single, sweep = pooled_benches(counted, records)
+    return RunData(name=name or summary.run_id, ref=ref, status=summary.status, single=single, sweep=sweep,
+                   headline=run_headline(single, sweep) if counted else dict(summary.headline), records=records,
+                   launch=summary.launch, verify=summary.verify, provenance=summary.provenance,
+                   error=summary.error, trials=list(summary.trials), counted=[t.index for t in counted],
+                   excluded=[t.index for t in excluded], experiment_id=experiment_id)
 
 
 def literal_run(name: str, figures: dict[str, float]) -> RunData:
@@ -77,22 +98,22 @@ def load_run_dir(path: Path) -> RunData:
     except ValueError as exc:
         raise UserError(f"{summary_path}: not valid JSON ({exc})") from None
     records = read_records(path / "records.jsonl") if (path / "records.jsonl").exists() else []
-    cell = _cell_name(path)
+    cell, experiment_id = _cell_json(path, "cell"), _cell_json(path, "experiment_id")
     try:
-        if "levels" in doc:  # a BenchResult (`servelab bench --out`)
+        if "levels" in doc:  # a BenchResult (`servelab bench --out`): one trial
             result = BenchResult.model_validate(doc)
+            single, sweep = (result, None) if result.mode == "single" else (None, result)
             return RunData(name=cell or path.name, ref=str(path), status="interrupted" if result.interrupted
-                           else "complete", single=result if result.mode == "single" else None,
-                           sweep=None if result.mode == "single" else result, headline=dict(result.headline),
-                           records=records)
-        return from_summary(RunSummary.model_validate(doc), records, cell, str(path))
+                           else "complete", single=single, sweep=sweep, headline=dict(result.headline),
+                           records=records, trials=[Trial(index=0, single=single, sweep=sweep)])
+        return from_summary(RunSummary.model_validate(doc), records, cell, str(path), experiment_id)
     except ValueError as exc:
         raise UserError(f"{summary_path}: not a servelab summary ({str(exc).splitlines()[0]})") from None
 
 
-def _cell_name(path: Path) -> str | None:
+def _cell_json(path: Path, key: str) -> str | None:
     try:
-        return json.loads((path / "cell.json").read_text(encoding="utf-8")).get("cell")
+        return json.loads((path / "cell.json").read_text(encoding="utf-8")).get(key)
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -106,6 +127,6 @@ def resolve(ref: str, store: Store | None) -> RunData:
         run_id = resolve_run_id(store, ref)
         if run_id is not None:
             summary, records, meta = load_run(store, run_id)
-            return from_summary(summary, records, meta["cell_name"], run_id)
+            return from_summary(summary, records, meta["cell_name"], run_id, meta["experiment_id"])
     where = f" nor a run in {store.path}" if store is not None else ""
     raise UserError(f"'{ref}' is neither a run directory{where}", hint="`servelab runs` lists stored runs")

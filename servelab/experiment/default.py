@@ -28,8 +28,9 @@ def default_experiment() -> Experiment:
     return Experiment(
         name=DEFAULT_NAME,
         description="the bundled engine misconfigured (one slot) against well configured (eight slots)",
-        bench=BenchSettings(single_requests=4, max_tokens=32, level_duration_s=8.0, max_concurrency=4),
+        bench=BenchSettings(single_requests=4, max_tokens=32, level_duration_s=4.0, max_concurrency=4),
         verify=VerifySettings(only=["models", "chat", "chat_stream"]),
+        trials=3, order="interleaved", servers="all-up",
         cells=[
             Cell(name="misconfigured", engine="llamacpp", model="smollm2", parallel=1, threads=2),
             Cell(name="well-configured", engine="llamacpp", model="smollm2", parallel=8, threads=2),

@@ -108,6 +108,15 @@ class Experiment(Strict):
     bench: BenchSettings = Field(default_factory=BenchSettings)
     verify: VerifySettings = Field(default_factory=VerifySettings)
     ready_timeout_s: float = Field(600.0, gt=0)
+    # Each cell is measured this many times, the trials of different cells alternating in `order`
+    # (experiment/schedule.py); verdicts need the trials to agree (docs/metrics.md#trials).
+    trials: int = Field(1, ge=1, le=100)
+    order: Literal["interleaved", "shuffled", "blocked"] = "interleaved"
+    seed: int = 0  # the shuffled order's seed
+    # all-up: every cell's server is started once and kept up while the trials alternate (no reload between
+    # trials; needs room for all of them at once). one-at-a-time: a cell's server runs only during its own
+    # trials, so interleaving reloads it for every trial (or choose order: blocked). URL cells are always up.
+    servers: Literal["one-at-a-time", "all-up"] = "one-at-a-time"
     # The reference every cell is compared to: a cell's name or a key of `baselines`. Default: the first cell.
     baseline: str | None = None
     # Literal figures from elsewhere (no records, so no confidence interval), e.g. {vllm: {single.decode_tok_s: 82.5}}
@@ -140,6 +149,8 @@ class Experiment(Strict):
         to any of them is a different cell (run again on resume); the same definition is the same cell."""
         doc = {"cell": cell.model_dump(exclude={"bench", "verify"}), "bench": self.bench_for(cell).model_dump(),
                "verify": self.verify_for(cell).model_dump(), "ready_timeout_s": self.ready_timeout_s}
+        if self.trials > 1:  # one trial keeps the keys of files written before trials existed
+            doc["trials"] = self.trials
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -1,5 +1,5 @@
-"""Run an experiment: every cell in turn through pipeline.run_cell, each saved to the store as it ends, then the
-comparison and the HTML report.
+"""Run an experiment: every cell's trials in the experiment's order (experiment/schedule.py) through
+pipeline.CellSession, each cell saved to the store after every trial, then the comparison and the HTML report.
 
 Layout: <out>/<UTC time>-<experiment>/ holds experiment.json, comparison.json and report.html, and one run
 directory per cell (<cell name>, or <cell name>-2, … when a cell is run again on resume). A run's id is its
@@ -26,7 +26,8 @@ from servelab.compare.compare import Comparison, compare_runs
 from servelab.compare.sources import RunData, from_summary, literal_run
 from servelab.errors import UserError
 from servelab.experiment.model import Cell, Experiment
-from servelab.pipeline import CellPlan, VerifyPlan, run_cell
+from servelab.experiment.schedule import trial_schedule
+from servelab.pipeline import CellPlan, CellSession, VerifyPlan
 from servelab.records import RunSummary
 from servelab.store.db import Store
 from servelab.store.experiments import (CellState, cell_states, finish_experiment, latest_experiment,
@@ -104,39 +105,95 @@ def _run(experiment: Experiment, options: ExperimentOptions, store: Store, conso
     exp_id, out_dir, states = _open_experiment(experiment, options, store, console)
     result = ExperimentResult(experiment_id=exp_id, name=experiment.name, source=options.source,
                               status="interrupted", out_dir=str(out_dir))
+    sessions: dict[str, tuple[int, str, CellSession]] = {}  # cell name -> (seq, key, session)
     for seq, cell in enumerate(experiment.cells):
         key = experiment.cell_key(cell)
         done = states.get(key)
         if done is not None and done.status == "complete" and done.run_id:
             console.rule(f"cell {cell.name}: complete in {done.run_id}, skipped")
-            result.cells.append(CellOutcome(name=cell.name, key=key, status="complete", run_id=done.run_id,
-                                            skipped=True))
             continue
-        console.rule(f"[bold]cell {seq + 1}/{len(experiment.cells)}: {cell.name}[/bold]")
         run_dir = _new_dir(out_dir, _slug(cell.name))
         run_id = f"{out_dir.name}/{run_dir.name}"
         (run_dir / "cell.json").write_text(json.dumps({"experiment": experiment.name, "experiment_id": exp_id,
                                                        "cell": cell.name, "cell_key": key,
-                                                       "definition": cell.model_dump(mode="json")}, indent=2) + "\n")
-        summary = run_cell(_plan(experiment, cell, run_id, run_dir), console)
-        records = read_records(run_dir / "records.jsonl") if (run_dir / "records.jsonl").exists() else []
-        save_run(store, summary, records, run_dir, cell_name=cell.name, experiment_id=exp_id)
-        record_cell(store, exp_id, CellState(cell_key=key, cell_name=cell.name, seq=seq, run_id=run_id,
-                                             status=summary.status, reason=summary.error))
-        result.cells.append(CellOutcome(name=cell.name, key=key, status=summary.status, run_id=run_id,
-                                        run_dir=str(run_dir), reason=summary.error))
-        _write_state(out_dir, result)
-        if summary.status == "interrupted":
-            finish_experiment(store, exp_id, "interrupted")
-            console.print(f"[yellow]experiment interrupted: run it again to resume ({exp_id})[/yellow]")
-            result.runs = _summaries(store, result)
-            return result
+                                                       "definition": redacted_cell(cell)}, indent=2) + "\n")
+        sessions[cell.name] = (seq, key, CellSession(_plan(experiment, cell, run_id, run_dir), console))
+    interrupted = False
+    try:
+        _run_schedule(experiment, sessions, console, lambda name: _save(store, exp_id, sessions[name], name))
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print("[yellow]interrupted: the engines were stopped and partial results were written[/yellow]")
+    finally:
+        for name, (seq, key, session) in sessions.items():
+            session.finish()
+            _save(store, exp_id, sessions[name], name)
+    for seq, cell in enumerate(experiment.cells):
+        key = experiment.cell_key(cell)
+        if cell.name in sessions:
+            summary = sessions[cell.name][2].summary
+            result.cells.append(CellOutcome(name=cell.name, key=key, status=summary.status, run_id=summary.run_id,
+                                            run_dir=str(sessions[cell.name][2].rundir.path), reason=summary.error))
+        else:
+            result.cells.append(CellOutcome(name=cell.name, key=key, status="complete",
+                                            run_id=states[key].run_id, skipped=True))
+    _write_state(out_dir, result)
+    if interrupted or any(c.status == "interrupted" for c in result.cells):
+        finish_experiment(store, exp_id, "interrupted")
+        console.print(f"[yellow]experiment interrupted: run it again to resume ({exp_id})[/yellow]")
+        result.runs = _summaries(store, result)
+        return result
     result.status = "complete"
     finish_experiment(store, exp_id, "complete")
     result.runs = _summaries(store, result)
     _conclude(experiment, result, store, out_dir, options, console)
     _write_state(out_dir, result)
     return result
+
+
+def _run_schedule(experiment: Experiment, sessions: dict[str, tuple[int, str, CellSession]], console: Console,
+                  saved) -> None:
+    """Every trial of every cell still to run, in the experiment's order (experiment/schedule.py)."""
+    names = list(sessions)
+    total = len(experiment.cells)
+    many = experiment.trials > 1
+    if experiment.servers == "all-up":
+        for name in names:
+            seq, _, session = sessions[name]
+            console.rule(f"[bold]cell {seq + 1}/{total}: {name}[/bold]")
+            session.start()
+            saved(name)
+    schedule = trial_schedule(names, experiment.trials, experiment.order, experiment.seed)
+    up: CellSession | None = None
+    for slot, (name, trial) in enumerate(schedule):
+        seq, _, session = sessions[name]
+        if session.failed:
+            continue
+        if experiment.servers == "one-at-a-time" and up is not session:
+            if up is not None:
+                up.stop()
+            up = session
+        heading = f"cell {seq + 1}/{total}: {name}" + (f", trial {trial + 1}/{experiment.trials}" if many else "")
+        if not session.running or experiment.servers == "one-at-a-time" and not many:
+            console.rule(f"[bold]{heading}[/bold]")
+        elif many:
+            console.rule(heading)
+        if not session.start():
+            saved(name)
+            continue
+        session.bench_trial(trial, slot)
+        saved(name)
+    if up is not None:
+        up.stop()
+
+
+def _save(store: Store, exp_id: str, entry: tuple[int, str, CellSession], name: str) -> None:
+    seq, key, session = entry
+    summary = session.summary
+    records = read_records(session.rundir.records_path) if session.rundir.records_path.exists() else []
+    save_run(store, summary, records, session.rundir.path, cell_name=name, experiment_id=exp_id)
+    record_cell(store, exp_id, CellState(cell_key=key, cell_name=name, seq=seq, run_id=summary.run_id,
+                                         status=summary.status, reason=summary.error))
 
 
 def _open_experiment(experiment: Experiment, options: ExperimentOptions, store: Store, console: Console
@@ -158,6 +215,19 @@ def _open_experiment(experiment: Experiment, options: ExperimentOptions, store: 
     return exp_id, out_dir, states
 
 
+def redacted_cell(cell: Cell) -> dict:
+    """The cell's definition for cell.json, with secret flag values and secret-looking environment values
+    replaced, as provenance writes them."""
+    from servelab.provenance import redact_command, redact_env
+
+    doc = cell.model_dump(mode="json")
+    if doc.get("extra_args"):
+        doc["extra_args"] = redact_command(doc["extra_args"])
+    if doc.get("env"):
+        doc["env"] = redact_env(doc["env"])
+    return doc
+
+
 def _plan(experiment: Experiment, cell: Cell, run_id: str, run_dir: Path) -> CellPlan:
     bench = experiment.bench_for(cell)
     verify = experiment.verify_for(cell)
@@ -165,7 +235,7 @@ def _plan(experiment: Experiment, cell: Cell, run_id: str, run_dir: Path) -> Cel
     return CellPlan(run_id=run_id, run_dir=run_dir, single=single, sweep=sweep, spec=cell.spec(), url=cell.url,
                     model=cell.model if cell.url else None, ready_timeout_s=experiment.ready_timeout_s,
                     verify=VerifyPlan(enabled=verify.enabled, only=verify.only, skip=list(verify.skip),
-                                      check_timeout_s=verify.check_timeout_s))
+                                      check_timeout_s=verify.check_timeout_s), trials=experiment.trials)
 
 
 def _summaries(store: Store, result: ExperimentResult) -> list[RunSummary]:
@@ -186,7 +256,7 @@ def experiment_runs(experiment: Experiment, result: ExperimentResult, store: Sto
     for cell in result.cells:
         if cell.status == "complete" and cell.run_id:
             summary, records, _ = load_run(store, cell.run_id)
-            runs.append(from_summary(summary, records, cell.name, cell.run_id))
+            runs.append(from_summary(summary, records, cell.name, cell.run_id, result.experiment_id))
     runs += [literal_run(name, figures) for name, figures in experiment.baselines.items()]
     if experiment.baseline is not None:
         chosen = [r for r in runs if r.name == experiment.baseline]

@@ -10,6 +10,8 @@ Version 1: runs with their launch (phases, lint), verify checks, bench levels, h
 Version 2: experiments and their cells (which run measured which cell, keyed by a hash of the cell's definition,
            so an interrupted experiment resumes), and a `representative` flag on runs (0 when a serious lint
            finding applies), back-filled from the lint rows of existing runs.
+Version 3: a `cancelled` count on levels.
+Version 4: a `trial` column on levels and records (a cell measured as several trials); 0 for older rows.
 """
 
 from __future__ import annotations
@@ -114,6 +116,15 @@ def _v3_cancelled(db: sqlite3.Connection) -> None:
     """)
 
 
+def _v4_trials(db: sqlite3.Connection) -> None:
+    # A cell is measured as trials (docs/metrics.md#trials): each level and record says which one it ran in.
+    # Runs stored before hold one trial, 0. Level seq stays unique per (run, bench) across trials.
+    _execute(db, """
+        ALTER TABLE levels ADD COLUMN trial INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE records ADD COLUMN trial INTEGER NOT NULL DEFAULT 0
+    """)
+
+
 def _execute(db: sqlite3.Connection, script: str) -> None:
     """Statement by statement: `executescript` would commit the migration's transaction before it runs."""
     for statement in script.split(";"):
@@ -122,5 +133,5 @@ def _execute(db: sqlite3.Connection, script: str) -> None:
 
 
 # In order: MIGRATIONS[i] takes a store from version i to version i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_runs, _v2_experiments, _v3_cancelled]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_runs, _v2_experiments, _v3_cancelled, _v4_trials]
 LATEST = len(MIGRATIONS)

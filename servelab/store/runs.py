@@ -32,7 +32,8 @@ def save_run(store: Store, summary: RunSummary, records: Sequence[RequestRecord]
     prov = summary.provenance
     url = summary.launch.url if summary.launch else (summary.verify.url if summary.verify else None)
     if url is None:
-        url = (summary.single or summary.sweep).url if (summary.single or summary.sweep) else None
+        benches = [b for t in summary.trials for b in t.benches]
+        url = benches[0].url if benches else None
     with store.write() as db:
         db.execute("DELETE FROM runs WHERE run_id = ?", (summary.run_id,))  # cascades to every child table
         db.execute(
@@ -57,21 +58,26 @@ def save_run(store: Store, summary: RunSummary, records: Sequence[RequestRecord]
                            [(summary.run_id, i, c.id, c.outcome, c.reason, c.duration_ms,
                              json.dumps(c.request) if c.request is not None else None, c.response_excerpt)
                             for i, c in enumerate(summary.verify.checks)])
-        for bench_name in ("single", "sweep"):
-            result = getattr(summary, bench_name)
-            if result is None:
-                continue
-            db.executemany("INSERT INTO levels (run_id, bench, seq, tag, mode, concurrency, requests, ok, failed, "
-                           "window_s, summary, cancelled) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           [(summary.run_id, bench_name, i, s.tag, s.mode, s.concurrency, s.requests, s.ok,
-                             s.failed, s.window_s, s.model_dump_json(), s.cancelled)
-                            for i, s in enumerate(result.levels)])
+        seq = {"single": 0, "sweep": 0}
+        level_rows = []
+        for trial in summary.trials:
+            for bench_name in ("single", "sweep"):
+                result = getattr(trial, bench_name)
+                for s in result.levels if result is not None else []:
+                    level_rows.append((summary.run_id, bench_name, seq[bench_name], s.tag, s.mode, s.concurrency,
+                                       s.requests, s.ok, s.failed, s.window_s, s.model_dump_json(), s.cancelled,
+                                       trial.index))
+                    seq[bench_name] += 1
+        db.executemany("INSERT INTO levels (run_id, bench, seq, tag, mode, concurrency, requests, ok, failed, "
+                       "window_s, summary, cancelled, trial) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       level_rows)
         db.executemany("INSERT INTO figures VALUES (?, ?, ?, ?, ?, ?, ?)",
                        [(summary.run_id, key, fig.value, fig.unit, fig.definition, fig.counted_by, fig.note)
                         for key, fig in summary.headline.items()])
-        db.executemany("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       [(summary.run_id, i, r.tag, int(r.warmup), int(r.ok), r.output_tokens, r.model_dump_json())
-                        for i, r in enumerate(records)])
+        db.executemany("INSERT INTO records (run_id, seq, tag, warmup, ok, output_tokens, record, trial) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       [(summary.run_id, i, r.tag, int(r.warmup), int(r.ok), r.output_tokens, r.model_dump_json(),
+                         r.trial) for i, r in enumerate(records)])
 
 
 @dataclass(frozen=True)

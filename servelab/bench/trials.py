@@ -1,0 +1,124 @@
+"""A cell measured as several trials, seen as one: which trials count, and their levels pooled by the same
+definitions as one trial's (docs/metrics.md#trials).
+
+- Which trials count: the quiet ones. A trial with a contended level (the machine was busy: bench/environment.py)
+  is left out whenever at least one trial of the cell was quiet; when every trial was contended they all count,
+  and whatever is built from them says so.
+- A pooled level (one tag over the trials that count): per-request figures (TTFT, ITL, decode tok/s, E2E, …) are
+  computed over the requests of every trial together, exactly as bench/metrics.summarize computes them over one
+  level's requests; aggregate rates (output tok/s, requests/s) are the tokens (requests) counted inside the
+  trials' measurement windows over the windows' total length, i.e. the window-weighted mean of the trials' rates.
+  A trial whose level was not measured (too short for a steady state) contributes no rate.
+
+With one trial, everything here returns that trial unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from servelab.bench.metrics import summarize
+from servelab.records import BenchResult, Figure, RequestRecord, Summary, Trial
+
+AGGREGATE_KEYS = ("output_tok_s", "request_s", "goodput_req_s")
+
+
+def is_contended(trial: Trial) -> bool:
+    return bool(trial.contended_levels)
+
+
+def counted_trials(trials: Sequence[Trial]) -> tuple[list[Trial], list[Trial]]:
+    """(the trials whose figures count, the contended ones left out). Only trials that ran to the end count."""
+    done = [t for t in trials if t.status == "complete" and t.benches] or [t for t in trials if t.benches]
+    quiet = [t for t in done if not is_contended(t)]
+    if quiet:
+        return quiet, [t for t in done if is_contended(t)]
+    return done, []
+
+
+def pooled_bench(benches: Sequence[BenchResult], records: Sequence[RequestRecord],
+                 trial_of: Sequence[int]) -> BenchResult:
+    """One BenchResult whose levels pool the same tag over `benches` (one per trial, `trial_of` their indices),
+    with the records of those trials. The first bench gives the order of the levels, its url, mode and workload;
+    the stop reason and interruption are the last one's."""
+    if len(benches) == 1:
+        return benches[0]
+    first = benches[0]
+    tags: list[str] = []
+    for bench in benches:
+        tags += [s.tag for s in bench.levels if s.tag not in tags]
+    by_trial: dict[tuple[int, str], list[RequestRecord]] = {}
+    for r in records:
+        by_trial.setdefault((r.trial, r.tag), []).append(r)
+    levels = []
+    for tag in tags:
+        parts = [(trial, next(s for s in bench.levels if s.tag == tag)) for trial, bench in zip(trial_of, benches)
+                 if any(s.tag == tag for s in bench.levels)]
+        pooled_records = [r for trial, _ in parts for r in by_trial.get((trial, tag), [])]
+        levels.append(pool_level([s for _, s in parts], pooled_records, [trial for trial, _ in parts]))
+    result = first.model_copy(update={"levels": levels, "stop_reason": benches[-1].stop_reason,
+                                      "interrupted": any(b.interrupted for b in benches)})
+    from servelab.bench.runner import headline  # the runner's headline rule, applied to the pooled levels
+
+    result.headline = headline(result)
+    return result
+
+
+def pool_level(levels: Sequence[Summary], records: Sequence[RequestRecord], trials: Sequence[int]) -> Summary:
+    """One tag's levels from several trials as one Summary (module docstring)."""
+    first = levels[0]
+    pooled = summarize(records, tag=first.tag, mode=first.mode, concurrency=first.concurrency, window=(0, 0))
+    measured = [s for s in levels if s.steady is None or s.steady.measured]
+    total_s = sum(s.window_s for s in measured)
+    for key in AGGREGATE_KEYS:
+        figs = [(s, s.figures[key]) for s in measured if key in s.figures and s.figures[key].value is not None]
+        if key not in first.figures:
+            continue
+        template = first.figures[key]
+        if not figs or total_s <= 0:
+            pooled.figures[key] = template.model_copy(update={"value": None, "dist": None,
+                                                              "note": "not measured in any trial"})
+            continue
+        weight = sum(s.window_s for s, _ in figs)
+        value = sum(f.value * s.window_s for s, f in figs) / weight  # type: ignore[operator]
+        per_trial = ", ".join(f"{f.value:,.2f}" for _, f in figs)
+        pooled.figures[key] = template.model_copy(update={
+            "value": value, "note": f"window-weighted mean of {len(figs)} trials ({per_trial})"})
+    pooled.window_s = total_s
+    pooled.rate, pooled.load, pooled.slo = first.rate, first.load, first.slo
+    pooled.steady = first.steady.model_copy(update={"measured": bool(measured), "reason": None if measured else
+                                                    first.steady.reason}) if first.steady else None
+    pooled.warnings = _merged_warnings(levels, trials)
+    pooled.requests = sum(s.requests for s in levels)
+    pooled.cancelled = sum(s.cancelled for s in levels)
+    return pooled
+
+
+def _merged_warnings(levels: Sequence[Summary], trials: Sequence[int]) -> list[str]:
+    seen: dict[str, list[int]] = {}
+    for s, trial in zip(levels, trials):
+        for w in s.warnings:
+            seen.setdefault(w, []).append(trial)
+    return [w if len(ts) == len(levels) else f"trial {', '.join(str(t + 1) for t in ts)}: {w}"
+            for w, ts in seen.items()]
+
+
+def pooled_benches(trials: Sequence[Trial], records: Sequence[RequestRecord]
+                   ) -> tuple[BenchResult | None, BenchResult | None]:
+    """(single, sweep) pooled over the trials given (callers pass counted_trials' first list)."""
+    out: list[BenchResult | None] = []
+    for kind in ("single", "sweep"):
+        pairs = [(t.index, getattr(t, kind)) for t in trials if getattr(t, kind) is not None]
+        if not pairs:
+            out.append(None)
+            continue
+        wanted = {i for i, _ in pairs}
+        out.append(pooled_bench([b for _, b in pairs], [r for r in records if r.trial in wanted],
+                                [i for i, _ in pairs]))
+    return out[0], out[1]
+
+
+def run_headline(single: BenchResult | None, sweep: BenchResult | None) -> dict[str, Figure]:
+    """A run's headline: single-stream figures from the single bench, peak figures from the sweep."""
+    return {**(single.headline if single else {}),
+            **({k: v for k, v in sweep.headline.items() if k.startswith("peak.")} if sweep else {})}
