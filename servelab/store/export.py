@@ -27,7 +27,7 @@ from servelab.store.rundir import read_records
 FORMATS = ("csv", "json")
 
 RECORD_COLUMNS = [
-    "index", "tag", "warmup", "endpoint", "ok", "error_kind", "http_status", "error_detail",
+    "index", "trial", "tag", "warmup", "endpoint", "ok", "error_kind", "http_status", "error_detail",
     "input_tokens", "prompt_tokens", "max_tokens", "output_tokens", "completion_tokens", "reasoning_tokens",
     "cached_tokens", "count_method", "finish_reason", "saw_done", "chunks",
     "temperature", "ignore_eos", "min_tokens",
@@ -42,8 +42,8 @@ STATS = ["n", "mean", "min", "p50", "p90", "p95", "p99", "max"]
 # What the machine did during the level (Summary.environment; docs/metrics.md#environment), empty when not sampled.
 LEVEL_ENVIRONMENT = ["other_cpu_cores_mean", "client_cpu_cores_mean", "engine_cpu_cores_mean", "load1_mean",
                      "steal_pct"]
-LEVEL_COLUMNS = (["tag", "mode", "concurrency", "rate", "requests", "ok", "failed", "cancelled", "errors",
-                  "window_s", "counted_by", "slo_passed"] + LEVEL_SCALARS
+LEVEL_COLUMNS = (["trial", "tag", "mode", "concurrency", "rate", "requests", "ok", "failed", "cancelled",
+                  "errors", "window_s", "counted_by", "slo_passed"] + LEVEL_SCALARS
                  + [f"{name}_{stat}" for name in LEVEL_DISTRIBUTIONS for stat in STATS]
                  + ["contended"] + LEVEL_ENVIRONMENT + ["warnings"])
 
@@ -56,7 +56,7 @@ def record_row(r: RequestRecord) -> dict[str, Any]:
     usage = r.usage
     gaps = sorted(metrics.token_gaps_ms(r))
     return {
-        "index": r.index, "tag": r.tag, "warmup": r.warmup, "endpoint": r.endpoint, "ok": r.ok,
+        "index": r.index, "trial": r.trial, "tag": r.tag, "warmup": r.warmup, "endpoint": r.endpoint, "ok": r.ok,
         "error_kind": r.error_kind, "http_status": r.http_status, "error_detail": r.error_detail,
         "input_tokens": r.input_tokens, "prompt_tokens": usage.prompt_tokens if usage else None,
         "max_tokens": r.max_tokens, "output_tokens": r.output_tokens,
@@ -77,8 +77,8 @@ def record_row(r: RequestRecord) -> dict[str, Any]:
 
 def level_row(s: Summary) -> dict[str, Any]:
     row: dict[str, Any] = {
-        "tag": s.tag, "mode": s.mode, "concurrency": s.concurrency, "rate": s.rate, "requests": s.requests,
-        "ok": s.ok, "failed": s.failed, "cancelled": s.cancelled,
+        "trial": s.trial, "tag": s.tag, "mode": s.mode, "concurrency": s.concurrency, "rate": s.rate,
+        "requests": s.requests, "ok": s.ok, "failed": s.failed, "cancelled": s.cancelled,
         "errors": ";".join(f"{k}:{v}" for k, v in sorted(s.errors.items())) or None,
         "window_s": s.window_s, "counted_by": s.figures["output_tok_s"].counted_by if "output_tok_s" in s.figures
         else None, "slo_passed": s.slo["passed"] if s.slo else None, "warnings": " | ".join(s.warnings) or None}
@@ -139,7 +139,8 @@ def load_run(run_dir: Path) -> tuple[list[RequestRecord], list[Summary], list[st
             raise UserError(f"{summary_path}: not valid JSON ({exc})") from None
         levels = levels_of(doc, summary_path)
         if doc.get("interrupted") or doc.get("status") == "interrupted" or any(
-                (doc.get(k) or {}).get("interrupted") for k in ("single", "sweep")):
+                (doc.get(k) or {}).get("interrupted") for k in ("single", "sweep")) or any(
+                (t.get(k) or {}).get("interrupted") for t in doc.get("trials") or [] for k in ("single", "sweep")):
             notes.append("the run was interrupted: its last level is partial")
     else:
         notes.append("no summary.json (the run ended before writing it): records only, no levels")
@@ -147,11 +148,13 @@ def load_run(run_dir: Path) -> tuple[list[RequestRecord], list[Summary], list[st
 
 
 def levels_of(doc: dict[str, Any], where: Path) -> list[Summary]:
-    """The level summaries of a BenchResult (`bench --out`) or a RunSummary (`run`: single, then sweep)."""
+    """The level summaries of a BenchResult (`bench --out`) or a RunSummary (`run`: per trial, single then sweep;
+    a summary from before trials holds single and sweep directly)."""
     if "levels" in doc:
         raw = doc["levels"]
     else:
-        raw = [lv for key in ("single", "sweep") if doc.get(key) for lv in doc[key].get("levels", [])]
+        holders = doc.get("trials") or [doc]
+        raw = [lv for t in holders for key in ("single", "sweep") if t.get(key) for lv in t[key].get("levels", [])]
     try:
         return [Summary.model_validate(lv) for lv in raw]
     except ValueError as exc:
@@ -182,7 +185,7 @@ def export_run(ref: str, fmt: str, to: Path | None, store_path: Path) -> tuple[l
         if run_id is None:
             raise UserError(f"'{ref}' is neither a run directory nor a run in {store_path}")
         summary, records, meta = load_run(store, run_id)
-    levels = [lv for bench in (summary.single, summary.sweep) if bench for lv in bench.levels]
+    levels = [lv for trial in summary.trials for lv in trial.levels]
     notes = ["the run was interrupted: its last level is partial"] if summary.status == "interrupted" else []
     run_dir = Path(meta["run_dir"]) if meta["run_dir"] else None
     target = to or (run_dir if run_dir and run_dir.is_dir() else Path(run_id))
