@@ -189,6 +189,19 @@ def test_no_engine_for_a_remote_url_and_a_note_for_a_local_port_nobody_visible_h
     assert env.note and "not applied" in env.note
 
 
+def test_a_server_inside_this_process_is_the_clients_cpu():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with EnvironmentSampler(url=f"http://127.0.0.1:{port}", thread=False) as sampler:
+            assert sampler.engine_roots == [] and sampler.client_includes_engine
+            env = _level(sampler, 0.05)
+    assert env.note and "client rule is not applied" in env.note and env.engine_cpu_cores_mean is None
+
+
 def test_is_local_host():
     assert is_local_host("127.0.0.1") and is_local_host("localhost") and is_local_host("[::1]")
     assert is_local_host("0.0.0.0")
@@ -213,6 +226,8 @@ def test_contention_rule_thresholds():
     assert "steal averaged 5.0 %" in steal
     [client] = contention_reasons(other_cores=0.0, steal_pct=0.0, client_cores=0.95)
     assert "client" in client and "0.95 cores" in client
+    # The server runs inside servelab: the client's CPU is the server's too, so the client rule is not applied.
+    assert contention_reasons(other_cores=0.0, steal_pct=0.0, client_cores=0.95, client_includes_engine=True) == []
     # The engine runs here but could not be seen: "other" includes it, so that rule is not applied.
     assert contention_reasons(other_cores=1.9, steal_pct=0.0, client_cores=0.1, other_includes_engine=True) == []
 

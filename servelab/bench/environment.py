@@ -46,6 +46,8 @@ TOP_OTHERS = 5  # the busiest other processes kept as evidence ...
 TOP_OTHER_MIN_CORES = 0.02  # ... when they used at least this much over the level
 REASON_OTHERS = 3  # how many of them a reason names
 REASON_OTHER_MIN_CORES = 0.05
+IN_PROCESS_NOTE = ("the server runs inside this servelab process: its CPU is counted as the client's, and the client "
+                   "rule is not applied")
 REASON_UNSEEN_MIN_CORES = 0.1  # other CPU that no visible process accounts for, named as such above this
 
 
@@ -54,12 +56,15 @@ REASON_UNSEEN_MIN_CORES = 0.1  # other CPU that no visible process accounts for,
 # --------------------------------------------------------------------------------------------------------------
 
 def contention_reasons(*, other_cores: float | None, steal_pct: float | None, client_cores: float | None,
-                       top_others: Sequence[TopProcess] = (), other_includes_engine: bool = False) -> list[str]:
+                       top_others: Sequence[TopProcess] = (), other_includes_engine: bool = False,
+                       client_includes_engine: bool = False) -> list[str]:
     """Why a level was contended, one sentence per reason with its figures; empty when it was quiet.
 
     `other_cores`, `steal_pct` and `client_cores` are the level's means. When the engine runs on this host but its
     processes could not be found (`other_includes_engine`), "other" holds the engine's CPU too and the
-    other-processes rule cannot be applied."""
+    other-processes rule cannot be applied; when the server runs inside servelab's own process
+    (`client_includes_engine`, a test's in-process server), the client's CPU is the server's too and the client rule
+    cannot be applied."""
     reasons: list[str] = []
     if other_cores is not None and other_cores >= OTHER_CORES_LIMIT and not other_includes_engine:
         named = [p for p in top_others if p.cores >= REASON_OTHER_MIN_CORES][:REASON_OTHERS]
@@ -74,7 +79,7 @@ def contention_reasons(*, other_cores: float | None, steal_pct: float | None, cl
     if steal_pct is not None and steal_pct >= STEAL_PCT_LIMIT:
         reasons.append(f"CPU steal averaged {steal_pct:.1f} % of host CPU time (the hypervisor ran something "
                        f"else on this machine's CPUs)")
-    if client_cores is not None and client_cores >= CLIENT_CORES_LIMIT:
+    if client_cores is not None and client_cores >= CLIENT_CORES_LIMIT and not client_includes_engine:
         reasons.append(f"the client (this servelab process) used {client_cores:.2f} cores on average: the load "
                        f"generator, not the server, may have set the pace")
     return reasons
@@ -326,12 +331,14 @@ class EnvironmentSampler:
         self._since_wall = time.time()
         self.note: str | None = None
         self.other_includes_engine = False
+        self.client_includes_engine = False
         roots = [p for p in dict.fromkeys(int(p) for p in engine_pids)]
         if not roots and url:
             roots = self._engine_from_url(url)
         if self._me in roots:
             roots.remove(self._me)
-            self.note = "the server runs inside this servelab process: its CPU is counted as the client's"
+            self.note = IN_PROCESS_NOTE
+            self.client_includes_engine = True
         self.engine_roots: list[int] = roots
         self._members: dict[int, psutil.Process] = {}
         self._last_cpu: dict[int, float | None] = {}
@@ -352,7 +359,8 @@ class EnvironmentSampler:
             return []  # the server is elsewhere: everything busy here besides the client is "other"
         listener = listening_pids(port)
         if self._me in listener.pids:
-            self.note = "the server runs inside this servelab process: its CPU is counted as the client's"
+            self.note = IN_PROCESS_NOTE
+            self.client_includes_engine = True
             return [p for p in listener.pids if p != self._me]
         if not listener.pids:
             self.other_includes_engine = True
@@ -471,7 +479,8 @@ class EnvironmentSampler:
             self._level_scan = seen
         return summarize_readings(readings, interval_s=self.interval_s, top_others=top,
                                   engine_pids=self.engine_roots, note=self.note,
-                                  other_includes_engine=self.other_includes_engine)
+                                  other_includes_engine=self.other_includes_engine,
+                                  client_includes_engine=self.client_includes_engine)
 
     def _top_others(self, seen: dict[int, _Seen], duration_s: float | None) -> list[TopProcess]:
         if not duration_s or not self._level_scan:
@@ -532,7 +541,8 @@ def _scan_parents() -> dict[int, int]:
 
 def summarize_readings(readings: Sequence[Reading], *, interval_s: float | None = None,
                        top_others: Sequence[TopProcess] = (), engine_pids: Sequence[int] = (),
-                       note: str | None = None, other_includes_engine: bool = False) -> EnvironmentSummary:
+                       note: str | None = None, other_includes_engine: bool = False,
+                       client_includes_engine: bool = False) -> EnvironmentSummary:
     """A level's EnvironmentSummary from its readings (definitions: docs/metrics.md#environment). Means are
     over the whole span (totals ÷ time), maxima over the intervals between consecutive readings."""
     env = EnvironmentSummary(samples=len(readings), interval_s=interval_s, top_others=list(top_others),
@@ -579,7 +589,8 @@ def summarize_readings(readings: Sequence[Reading], *, interval_s: float | None 
         env.other_cpu_cores_max = _r(max(others, default=None))
     env.reasons = contention_reasons(other_cores=env.other_cpu_cores_mean, steal_pct=env.steal_pct,
                                      client_cores=env.client_cpu_cores_mean, top_others=env.top_others,
-                                     other_includes_engine=other_includes_engine)
+                                     other_includes_engine=other_includes_engine,
+                                     client_includes_engine=client_includes_engine)
     env.contended = bool(env.reasons)
     return env
 
