@@ -11,7 +11,7 @@ from servelab.report.terminal import fmt
 from servelab.store.runs import RunRow
 
 _VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "within noise": "dim", "no interval": "yellow",
-                  "missing": "dim", "baseline": "dim"}
+                  "inconsistent": "yellow", "contended": "yellow", "missing": "dim", "baseline": "dim"}
 _STATUS_STYLE = {"complete": "green", "failed": "bold red", "interrupted": "yellow"}
 
 

@@ -10,7 +10,7 @@ from servelab.compare.sources import RunData
 from servelab.report.terminal import fmt, sent_cell
 
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise", "no interval": "warn",
-                  "missing": "dim", "baseline": "dim"}
+                  "inconsistent": "warn", "contended": "warn", "missing": "dim", "baseline": "dim"}
 HEADLINE_KEYS = ["single.decode_tok_s", "single.output_tok_s", "single.ttft_ms", "single.itl_ms", "single.tpot_ms",
                  "single.e2e_ms", "peak.output_tok_s", "peak.concurrency", "peak.request_s"]
 
@@ -52,6 +52,9 @@ def comparison_section(c: Comparison) -> str:
                 if ratio.ci:
                     text += f" <span class=\"dim\">[{ratio.ci[0]:.2f}–{ratio.ci[1]:.2f}]</span>"
                 text += f" <span class=\"{_VERDICT_CLASS[ratio.verdict]}\">{e(ratio.verdict)}</span>"
+                if ratio.trial_ratios:
+                    text += (" <span class=\"dim\">trials " + e(", ".join(f"×{r:.2f}" for r in ratio.trial_ratios))
+                             + "</span>")
             cells.append(text)
         rows.append(cells)
     parts.append(_table(head, rows, numeric=set(range(1, len(head)))))
@@ -74,15 +77,23 @@ def run_section(run: RunData, answers: list[str]) -> str:
     if head:
         parts.append(_table(["figure", "value", "unit", "counted by / note"], head, numeric={1}))
     levels = []
-    for s in run.levels:
-        f = s.figures
-        levels.append([e(s.tag), e(sent_cell(s)), e(fmt(_v(f, "output_tok_s"))),
-                       e(fmt(_v(f, "decode_tok_s"))), e(fmt(_p(f, "ttft_ms", "p50"))), e(fmt(_p(f, "ttft_ms", "p99"))),
-                       e(fmt(_p(f, "itl_ms", "p50"))), e(fmt(_p(f, "itl_ms", "p99"))), e(fmt(s.window_s, 2))])
+    trials = run.trials or []
+    for trial in trials:
+        counted = "counts" if trial.index in run.counted else "left out (contended)" if trial.index in run.excluded \
+            else trial.status
+        for s in trial.levels:
+            f = s.figures
+            env = s.environment
+            machine = ("<span class=\"warn\">contended: " + e("; ".join(env.reasons)) + "</span>"
+                       if env is not None and env.contended else "quiet" if env is not None else "–")
+            levels.append([e(trial.index + 1), e(counted), e(s.tag), e(sent_cell(s)), e(fmt(_v(f, "output_tok_s"))),
+                           e(fmt(_v(f, "decode_tok_s"))), e(fmt(_p(f, "ttft_ms", "p50"))),
+                           e(fmt(_p(f, "ttft_ms", "p99"))), e(fmt(_p(f, "itl_ms", "p50"))),
+                           e(fmt(_p(f, "itl_ms", "p99"))), e(fmt(s.window_s, 2)), machine])
     if levels:
-        parts.append("<h3>Levels</h3>" + _table(
-            ["level", "ok/sent", "output tok/s", "decode tok/s p50", "TTFT ms p50", "TTFT p99", "ITL ms p50",
-             "ITL p99", "window s"], levels, numeric=set(range(1, 9))))
+        parts.append("<h3>Levels, trial by trial</h3>" + _table(
+            ["trial", "", "level", "ok/sent", "output tok/s", "decode tok/s p50", "TTFT ms p50", "TTFT p99",
+             "ITL ms p50", "ITL p99", "window s", "machine"], levels, numeric=set(range(3, 11))))
     if run.launch is not None:
         phases = [[e(p.name), e(fmt(p.start_s, 2)), e(fmt(p.end_s, 2)), e(p.detail)] for p in run.launch.phases]
         parts.append(f"<h3>Start-up</h3><p>{e(run.launch.engine)}: {e(run.launch.verdict.state)} "
