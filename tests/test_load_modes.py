@@ -116,10 +116,11 @@ def test_server_errors_are_kept_and_counted_not_dropped(cal) -> None:
 
 
 def test_rate_sweep_runs_a_list_or_a_ramp(cal) -> None:
-    listed = bench(cal.url, build_options(BenchArgs(mode="rate-sweep", rate="20,40", requests=6, warmup=0)))
+    # 16 requests a level: enough for the steady-state rule (10 completed inside the window) to measure them.
+    listed = bench(cal.url, build_options(BenchArgs(mode="rate-sweep", rate="20,40", requests=16, warmup=0)))
     assert [lv.tag for lv in listed.levels] == ["r20", "r40"] and listed.stop_reason == "ran every listed rate"
     assert listed.headline["peak.rate"].value in (20, 40)
-    opts = build_options(BenchArgs(mode="rate-sweep", requests=6, warmup=0, max_rate=64))
+    opts = build_options(BenchArgs(mode="rate-sweep", requests=16, warmup=0, max_rate=64))
     opts.plan.ramp_start = 16
     ramp = bench(cal.url, opts)
     # The calibration server has no capacity limit, so throughput grows with the rate up to the maximum (unless

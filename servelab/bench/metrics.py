@@ -165,7 +165,8 @@ def summarize(records: Sequence[RequestRecord], *, tag: str, mode: str, concurre
         warnings.append(f"{len(failed)} of {len(ok) + len(failed)} requests failed; they are excluded from latency "
                         f"figures and counted under `errors`")
     if cancelled:
-        warnings.append(f"{len(cancelled)} of {len(measured)} requests were cancelled in flight (interrupted); "
+        warnings.append(f"{len(cancelled)} of {len(measured)} requests were cancelled in flight (interrupted, or "
+                        f"still running a grace period after the level's cap); "
                         f"they are kept in records.jsonl with error_kind \"cancelled\" and what they had received, "
                         f"counted under `cancelled`, and excluded from every figure and from `failed`")
     if method == "chunk_count":

@@ -6,13 +6,14 @@ Kept out of cli.py so the CLI only parses and renders, and so these rules are te
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from servelab.bench.loads.arrivals import ARRIVALS
 from servelab.bench.plans import PLAN_MODES, LoadPlan
 from servelab.bench.runner import BenchOptions
 from servelab.bench.slo import parse_slos
+from servelab.bench.steady import SteadyRule
 from servelab.bench.workloads import (CHAT, COMPLETIONS, DATASET_FORMATS, OutputSpec, SharedPrefixWorkload,
                                       SyntheticWorkload, Workload, load_dataset, parse_length)
 from servelab.errors import UserError
@@ -55,6 +56,9 @@ class BenchArgs:
     seed: int = 0
     api_key: str | None = None
     tokenizer: str = "auto"
+    min_requests: int | None = None  # steady state: completed requests a level's window must hold
+    max_level_duration: float | None = None  # steady state: the cap on a level's duration
+    max_error_rate: float | None = None  # the error gate (None: only a level where every request failed)
 
 
 def build_options(a: BenchArgs) -> BenchOptions:
@@ -68,6 +72,17 @@ def build_options(a: BenchArgs) -> BenchOptions:
               max_rate=a.max_rate, max_probes=a.max_probes, burstiness=a.burstiness)
     if a.warmup < 0:
         raise UserError("--warmup must be zero or more")
+    _positive(min_requests=a.min_requests, max_level_duration=a.max_level_duration)
+    if a.max_error_rate is not None and not 0 <= a.max_error_rate <= 1:
+        raise UserError(f"--max-error-rate is a fraction between 0 and 1 (got {a.max_error_rate:g})")
+    if a.max_level_duration is not None and a.duration is not None and a.max_level_duration < a.duration:
+        raise UserError(f"--max-level-duration ({a.max_level_duration:g} s) is shorter than --duration "
+                        f"({a.duration:g} s)")
+    rule = SteadyRule()
+    if a.min_requests is not None:
+        rule = replace(rule, min_completed=a.min_requests)
+    if a.max_level_duration is not None:
+        rule = replace(rule, max_level_duration_s=a.max_level_duration)
     slos = parse_slos(a.slo)
     if slos and a.mode in ("single", "sweep"):
         raise UserError("latency targets (--slo) apply to --mode concurrency, rate, rate-sweep and slo-search")
@@ -75,7 +90,8 @@ def build_options(a: BenchArgs) -> BenchOptions:
                         single_requests=a.requests or DEFAULT_SINGLE_REQUESTS, warmup=a.warmup,
                         level_duration_s=a.duration or DEFAULT_LEVEL_DURATION_S,
                         max_concurrency=a.max_concurrency or DEFAULT_SWEEP_MAX_CONCURRENCY, api_key=a.api_key,
-                        plan=build_plan(a, slos), tokenizer=a.tokenizer)
+                        plan=build_plan(a, slos), tokenizer=a.tokenizer, steady=rule,
+                        max_error_rate=a.max_error_rate)
 
 
 def build_plan(a: BenchArgs, slos) -> LoadPlan:

@@ -24,9 +24,11 @@ import aiohttp
 from servelab.bench.client import StreamClient
 from servelab.bench.loads import Target, rate_tag, run_concurrency, run_rate
 from servelab.bench.loads.arrivals import Arrival
+from servelab.bench.loads.control import LevelControl
 from servelab.bench.loads.search import Dimension, SearchSpace, search_max_load
 from servelab.bench.metrics import goodput_figures, peak_figures
 from servelab.bench.slo import SLO, describe as describe_slos, level_verdict
+from servelab.bench.steady import is_measured, withhold
 from servelab.bench.workloads import counter_for
 from servelab.errors import UserError
 from servelab.records import BenchResult, Figure, RequestRecord, Summary
@@ -117,13 +119,14 @@ async def rate_level(state: BenchState, client: StreamClient, target: Target, ra
             "window": "first scheduled send .. last scheduled send"}
     state.current_plan = {"mode": "rate", "rate": rate, "load": load}
     await begin_level(state, tag, cap)
+    control = LevelControl(opts.steady, duration_s=duration, max_requests=requests, open_loop=True)
     records, window = await run_rate(client, opts.workload, target, state.recorder, rate=rate,
                                      arrival=plan.arrival, burstiness=plan.burstiness, seed=plan.seed,
                                      requests=requests, duration_s=duration, max_concurrency=plan.max_concurrency,
-                                     tag=tag)
+                                     tag=tag, control=control)
     load["scheduled"] = len(records)
     return await _finish(state, records, tag=tag, mode="rate", concurrency=cap, window=window, rate=rate,
-                         load=load)
+                         load=load, control=control)
 
 
 async def concurrency_level(state: BenchState, client: StreamClient, target: Target, concurrency: int
@@ -136,26 +139,34 @@ async def concurrency_level(state: BenchState, client: StreamClient, target: Tar
     load = {"requests": requests, "duration_s": duration}
     state.current_plan = {"mode": "concurrency", "load": load}
     await begin_level(state, tag, concurrency)
+    control = LevelControl(opts.steady, duration_s=duration, max_requests=requests)
     records, window = await run_concurrency(client, opts.workload, target, state.recorder,
                                             concurrency=concurrency, duration_s=duration, max_requests=requests,
-                                            tag=tag)
+                                            tag=tag, control=control)
     return await _finish(state, records, tag=tag, mode="concurrency", concurrency=concurrency, window=window,
-                         load=load)
+                         load=load, control=control)
 
 
 async def _finish(state: BenchState, records: list[RequestRecord], *, tag: str, mode: str, concurrency: int,
-                  window: tuple[int, int], rate: float | None = None, load: dict[str, Any]) -> Summary:
-    """The runner's finish (server metrics, recount, figures), then what this module's modes add: the load's
-    description, goodput and the SLO verdict when there are targets, and a warning when sends ran late."""
+                  window: tuple[int, int], rate: float | None = None, load: dict[str, Any],
+                  control: LevelControl | None = None) -> Summary:
+    """The runner's finish (server metrics, recount, figures, steady state), then what this module's modes add:
+    the load's description, goodput and the SLO verdict when there are targets, and a warning when sends ran
+    late."""
     from servelab.bench.runner import finish_level
 
-    summary = await finish_level(state, records, tag=tag, mode=mode, concurrency=concurrency, window=window)
+    summary = await finish_level(state, records, tag=tag, mode=mode, concurrency=concurrency, window=window,
+                                 control=control, rate=rate)
     state.current_plan = None
     summary.rate, summary.load = rate, load
+    if control is not None:
+        summary.load["ended_by"] = control.ended_by
     slos = state.options.plan.slos
     if slos:
         summary.figures.update(goodput_figures(records, slos, window))
         summary.slo = level_verdict(records, slos)
+        withhold(summary)
+        unjudged(summary)
     lag = summary.figures.get("client_lag_ms")
     if mode == "rate" and not concurrency and lag is not None and lag.value is not None \
             and lag.value > CLIENT_LAG_WARN_MS:
@@ -165,12 +176,23 @@ async def _finish(state: BenchState, records: list[RequestRecord], *, tag: str, 
     return summary
 
 
+def unjudged(summary: Summary) -> None:
+    """A level that is not measured (docs/metrics.md#steady-state) is never called met: its SLO verdict says
+    it was not judged, and why."""
+    if summary.slo is not None and not is_measured(summary):
+        summary.slo["passed"] = False
+        summary.slo["judged"] = False
+        summary.slo["reason"] = f"not measured: {summary.steady.reason}"
+
+
 def annotate_partial(state: BenchState, summary: Summary, records: list[RequestRecord]) -> None:
     """Ctrl-C during one of this module's levels: give its partial summary what _finish would have."""
     info = state.current_plan or {}
     summary.rate, summary.load = info.get("rate"), dict(info.get("load") or {})
     if state.options.plan.slos:
         summary.slo = level_verdict(records, state.options.plan.slos)
+        withhold(summary)
+        unjudged(summary)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -217,6 +239,10 @@ async def rate_sweep(state: BenchState, client: StreamClient, target: Target) ->
         if level.failed and level.failed > (level.ok + level.failed) / 2:
             state.stop_reason = f"more than half the requests failed at {rate:g} req/s"
             return
+        if not is_measured(level):
+            state.stop_reason = f"{rate:g} req/s was not measured ({level.steady.reason}); a higher rate would " \
+                                f"not be either"
+            return
         if listed:
             continue
         if level.slo is not None and not level.slo["passed"]:
@@ -245,9 +271,16 @@ async def slo_search(state: BenchState, client: StreamClient, target: Target) ->
     async def probe(load: float) -> bool:
         level = await (rate_level(state, client, target, load) if by_rate
                        else concurrency_level(state, client, target, int(load)))
-        passed = bool(level.slo and level.slo["passed"])
-        probes.append({"load": as_load(load), "tag": level.tag, "passed": passed,
-                       "observed_ms": {k: t["observed_ms"] for k, t in (level.slo or {}).get("targets", {}).items()}})
+        # A level that is not measured (too few requests, or the cap) is never called met: it counts as not
+        # passing, and the probe says why (docs/metrics.md#slo-search).
+        measured = is_measured(level)
+        passed = bool(level.slo and level.slo["passed"]) and measured
+        entry = {"load": as_load(load), "tag": level.tag, "passed": passed,
+                 "observed_ms": {k: t["observed_ms"] for k, t in (level.slo or {}).get("targets", {}).items()}}
+        if not measured:
+            entry["judged"] = False
+            entry["reason"] = f"not measured: {level.steady.reason}"
+        probes.append(entry)
         return passed
 
     state.search = {"dimension": plan.search, "targets": describe_slos(plan.slos), "probes": probes}
@@ -255,7 +288,11 @@ async def slo_search(state: BenchState, client: StreamClient, target: Target) ->
     state.search |= {"best": None if outcome.best is None else as_load(outcome.best),
                      "lowest_failing": None if outcome.lowest_failing is None else as_load(outcome.lowest_failing),
                      "stop_reason": outcome.stop_reason}
-    state.stop_reason = outcome.stop_reason
+    unmeasured = [p for p in probes if p.get("judged") is False]
+    if unmeasured:
+        state.search["stop_reason"] += (f"; {len(unmeasured)} probe(s) were not measured and counted as not meeting "
+                                        f"the targets (e.g. {unmeasured[0]['tag']}: {unmeasured[0]['reason']})")
+    state.stop_reason = state.search["stop_reason"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -266,7 +303,7 @@ def plan_headline(result: BenchResult) -> dict[str, Figure]:
     """Peak output tok/s over rate levels (when there are no concurrency levels to take it from), and the
     answer of an SLO search: the highest load that met the targets, with its goodput."""
     out: dict[str, Figure] = {}
-    rate_levels = [s for s in result.levels if s.mode == "rate" and s.rate is not None
+    rate_levels = [s for s in result.levels if s.mode == "rate" and s.rate is not None and is_measured(s)
                    and s.figures["output_tok_s"].value]
     if rate_levels and not any(s.mode == "concurrency" for s in result.levels):
         out.update(peak_figures(rate_levels, load_key="rate", load=lambda s: s.rate, load_unit="req/s",
@@ -274,7 +311,7 @@ def plan_headline(result: BenchResult) -> dict[str, Figure]:
     search = result.search or {}
     if search.get("best") is not None:
         by_rate = search["dimension"] == "rate"
-        level = next((s for s in result.levels if s.slo and s.slo["passed"]
+        level = next((s for s in result.levels if s.slo and s.slo["passed"] and is_measured(s)
                       and (s.rate if by_rate else s.concurrency) == search["best"]), None)
         out["slo.max_rate" if by_rate else "slo.max_concurrency"] = Figure(
             value=search["best"], unit="req/s" if by_rate else "streams", definition="slo-search",

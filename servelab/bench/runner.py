@@ -20,13 +20,17 @@ import aiohttp
 from servelab import aio
 from servelab.bench.client import ClientOptions, Deadlines, StreamClient
 from servelab.bench.environment import EnvironmentSampler, contention_warning
+from servelab.bench.failures import top_errors
 from servelab.bench.loads import Recorder, Target, make_spec, run_concurrency, run_single
+from servelab.bench.loads.control import LevelControl
 from servelab.bench.metrics import peak_figures, summarize
 from servelab.bench.plans import (PLAN_MODES, LoadPlan, annotate_partial, plan_headline, prepare_workload,
                                   run_plan)
 from servelab.bench.tokenizer import (LlamaCppServerTokenizer, Tokenizer, probe_server_tokenizer,
                                       tokenizer_from_option)
 from servelab.bench.server_metrics import MetricsWatcher
+from servelab.bench import steady as steady_state
+from servelab.bench.steady import SteadyRule, is_measured
 from servelab.bench.selftest import SelftestResult, ceiling_warning, load_ceiling
 from servelab.bench.tokens import recount_with_tokenizer
 from servelab.bench.workload import Workload
@@ -60,6 +64,12 @@ class BenchOptions:
     engine_pids: list[int] = field(default_factory=list)
     # Which trial of an experiment's cell this bench is (stamped on every record; docs/metrics.md#trials).
     trial: int = 0
+    # When a level has run long enough to be measured, its cap, the drain grace and the back-off after failures
+    # (bench/steady.py; docs/metrics.md#steady-state).
+    steady: SteadyRule = field(default_factory=SteadyRule)
+    # The error gate (bench/failures.py): a level whose share of failed requests is above this breaks it; None:
+    # only a level where every request failed does.
+    max_error_rate: float | None = None
 
 
 @dataclass
@@ -94,9 +104,14 @@ class BenchState:
             tag, conc, start_ns = self.current
             partial = [r for r in self.recorder.records if r.tag == tag]
             mode = (self.current_plan or {}).get("mode") or ("single" if tag == "single" else "concurrency")
-            levels.append(summarize(partial, tag=tag, mode=mode, concurrency=conc,
-                                    window=(start_ns, time.perf_counter_ns()),
+            window = (start_ns, time.perf_counter_ns())
+            levels.append(summarize(partial, tag=tag, mode=mode, concurrency=conc, window=window,
                                     slos=self.options.plan.slos or None))
+            levels[-1].top_errors = top_errors(partial)
+            if mode != "single":
+                steady_state.apply(levels[-1], steady_state.judge(
+                    partial, window, self.options.steady, ended_by="interrupted",
+                    rate=(self.current_plan or {}).get("rate")))
             annotate_partial(self, levels[-1], partial)
             attach_environment(levels[-1], end_environment(self))
             levels[-1].warnings.append("interrupted: this level did not run to the end")
@@ -124,7 +139,8 @@ def headline(result: BenchResult) -> dict[str, Figure]:
         for key in ("decode_tok_s", "output_tok_s", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
             if key in single.figures:
                 out[f"{prefix}.{key}"] = single.figures[key]
-    conc_levels = [s for s in result.levels if s.mode == "concurrency" and s.figures["output_tok_s"].value]
+    conc_levels = [s for s in result.levels if s.mode == "concurrency" and is_measured(s)
+                   and s.figures["output_tok_s"].value]
     if conc_levels:
         out.update(peak_figures(conc_levels, load_key="concurrency", load=lambda s: s.concurrency,
                                 load_unit="streams", note=lambda s: f"at concurrency {s.concurrency}"))
@@ -180,9 +196,11 @@ async def begin_level(state: BenchState, tag: str, concurrency: int) -> None:
 
 
 async def finish_level(state: BenchState, records: list[RequestRecord], *, tag: str, mode: str,
-                       concurrency: int, window: tuple[int, int]) -> Summary:
+                       concurrency: int, window: tuple[int, int], control: LevelControl | None = None,
+                       rate: float | None = None) -> Summary:
     """Recount tokens where the stream gave no per-chunk counts (after the load, so it never perturbs it), then
-    compute the level's figures and attach the server's own metrics."""
+    compute the level's figures and attach the server's own metrics, the most common errors and, for a level run
+    under `control`, whether it reached a steady state (its aggregate figures withheld when it did not)."""
     server = await state.watcher.end_level(records) if state.watcher is not None else None
     environment = end_environment(state)
     state.current = None
@@ -190,6 +208,11 @@ async def finish_level(state: BenchState, records: list[RequestRecord], *, tag: 
         await recount_with_tokenizer(records, state.tokenizer)
     summary = summarize(records, tag=tag, mode=mode, concurrency=concurrency, window=window)
     summary.server = server
+    summary.top_errors = top_errors(records)
+    if control is not None and control.rule is not None:
+        steady_state.apply(summary, steady_state.judge(records, window, control.rule, ended_by=control.ended_by,
+                                                       cap_s=control.cap_s, rate=rate,
+                                                       budget=control.max_requests))
     attach_environment(summary, environment)
     events = sum(1 for r in records if not r.warmup for e in r.events if window[0] <= e.t_ns <= window[1])
     if summary.window_s > 0:
@@ -268,14 +291,20 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
     while concurrency <= opts.max_concurrency:
         tag = f"c{concurrency}"
         await begin_level(state, tag, concurrency)
+        control = LevelControl(opts.steady, duration_s=opts.level_duration_s)
         records, window = await run_concurrency(client, opts.workload, target, state.recorder,
-                                                concurrency=concurrency, duration_s=opts.level_duration_s)
+                                                concurrency=concurrency, duration_s=opts.level_duration_s,
+                                                control=control)
         level = await finish_level(state, records, tag=tag, mode="concurrency", concurrency=concurrency,
-                                   window=window)
+                                   window=window, control=control)
         state.levels.append(level)
         tput = level.figures["output_tok_s"].value or 0.0
         if level.failed and level.failed > (level.ok + level.failed) / 2:
             state.stop_reason = f"more than half the requests failed at concurrency {concurrency}"
+            return
+        if not is_measured(level):
+            state.stop_reason = (f"concurrency {concurrency} was not measured ({level.steady.reason}); a higher "
+                                 f"concurrency would be slower still")
             return
         best_tput = (best.figures["output_tok_s"].value or 0.0) if best is not None else 0.0
         if best is not None and tput < best_tput * (1 + opts.min_gain):

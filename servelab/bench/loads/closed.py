@@ -6,9 +6,12 @@ Each mode returns its records and its measurement window; bench/metrics.py turns
   `duration_s` (or until `max_requests` were sent). The window is first send .. the moment the workers stopped
   sending new requests: requests still running then finish and are recorded, but their tokens after the window
   do not count toward aggregate throughput, so the tail where fewer than c streams run does not dilute it.
-Neither mode cancels a request itself. When the level is cancelled (Ctrl-C), the requests in flight are recorded
-with error_kind "cancelled" and what they had received, through the recorder like any other record, before the
-cancellation goes on (Recorder.add_cancelled).
+  With a LevelControl carrying the steady-state rule (what `bench` passes), the level runs past its duration
+  until the rule holds, within a cap (bench/loads/control.py).
+Neither mode cancels a request itself, except that a level which reaches its cap cancels what is still in
+flight a grace period later (recorded as cancelled, the detail naming the cap). When the level is cancelled
+(Ctrl-C), the requests in flight are recorded with error_kind "cancelled" and what they had received, through
+the recorder like any other record, before the cancellation goes on (Recorder.add_cancelled).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 
 from servelab.bench.client import StreamClient
 from servelab.bench.loads.common import Recorder, Target, make_spec
+from servelab.bench.loads.control import Backoff, LevelControl
 from servelab.records import RequestRecord
 
 
@@ -42,37 +46,46 @@ async def run_single(client: StreamClient, workload, target: Target, recorder: R
 
 async def run_concurrency(client: StreamClient, workload, target: Target, recorder: Recorder, *,
                           concurrency: int, duration_s: float | None, max_requests: int | None = None,
-                          tag: str | None = None) -> tuple[list[RequestRecord], tuple[int, int]]:
-    """`duration_s`, `max_requests` or both bound the level; with neither it would never end."""
+                          tag: str | None = None, control: LevelControl | None = None
+                          ) -> tuple[list[RequestRecord], tuple[int, int]]:
+    """`duration_s`, `max_requests` or both bound the level; with neither it would never end. With `control`
+    (made with a steady-state rule, bench/loads/control.py) the level runs until that rule, its budget or its cap
+    ends it, and workers back off after failures; `control.ended_by` says afterwards what ended it."""
     if duration_s is None and max_requests is None:
         raise ValueError("a concurrency level needs a duration, a request count, or both")
     tag = tag or f"c{concurrency}"
+    control = control or LevelControl(None, duration_s=duration_s, max_requests=max_requests)
     measured: list[RequestRecord] = []
     start_ns = time.perf_counter_ns()
-    stop_ns = start_ns + int(duration_s * 1e9) if duration_s is not None else None
-    sent = 0
-    last_send_ns = start_ns
+    control.begin(start_ns)
 
     async def worker() -> None:
-        nonlocal sent, last_send_ns
-        while (stop_ns is None or time.perf_counter_ns() < stop_ns) and (max_requests is None
-                                                                          or sent < max_requests):
-            sent += 1
-            last_send_ns = time.perf_counter_ns()
+        backoff = Backoff(control.rule) if control.rule is not None else None
+        while control.may_send():
+            control.sending(time.perf_counter_ns())
             record = await client.send(make_spec(workload, target, recorder, tag))
             recorder.add(record)
             measured.append(record)
+            control.finished(record)
+            if backoff is not None:
+                await control.pause(backoff.after(record))
 
+    watcher = asyncio.create_task(control.watch())
+    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
     try:
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await control.drain(tasks, client, recorder, measured)
     except asyncio.CancelledError:
-        # gather has cancelled every worker and waited for it, so each request in flight is on client.cancelled.
+        # Interrupted: stop the workers and wait for them, so each request in flight is on client.cancelled.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         recorder.add_cancelled(client, measured)
         raise
-    # The window ends when the load generator stopped offering new work: at the deadline, or at the last send
-    # when the request budget ran out first.
-    budget_spent = max_requests is not None and sent >= max_requests
-    window_end = last_send_ns if budget_spent or stop_ns is None else stop_ns
+    finally:
+        watcher.cancel()
+    # The window ends when the load generator stopped offering new work: at the deadline (or where the
+    # steady-state rule first held, or at the cap), or at the last send when the request budget ran out first.
+    window_end = control.window()[1]
     if window_end <= start_ns:  # a budget of fewer requests than workers: fall back to the whole span
         window_end = max((r.t_end_ns or r.t_send_ns) for r in measured) if measured else start_ns
     return measured, (start_ns, window_end)

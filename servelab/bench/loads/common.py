@@ -28,11 +28,13 @@ class Recorder:
         if self.on_record is not None:
             self.on_record(record)
 
-    def add_cancelled(self, client, measured: list[RequestRecord] | None = None) -> list[RequestRecord]:
+    def add_cancelled(self, client, measured: list[RequestRecord] | None = None,
+                      because: str | None = None) -> list[RequestRecord]:
         """Take the requests `client` had in flight when their tasks were cancelled (Ctrl-C, or a load mode
         stopping its own tasks) and keep them like any other record: here, through `on_record` (records.jsonl),
         and in `measured` (the level's records) unless they are warm-up. Each carries error_kind "cancelled"
-        and what it had received (StreamClient.send records it there, since it cannot return it).
+        and what it had received (StreamClient.send records it there, since it cannot return it); `because`,
+        when given, says in its error_detail who cancelled it (e.g. a level's cap).
 
         Takes them off the client's list, so calling this again (the runner does, after the event loop has
         finished every task) never records one twice."""
@@ -42,6 +44,8 @@ class Recorder:
         taken = list(pending)
         del pending[:len(taken)]
         for record in taken:
+            if because:
+                record.error_detail = f"{because} ({record.error_detail})" if record.error_detail else because
             self.add(record)
             if measured is not None and not record.warmup:
                 measured.append(record)

@@ -1,6 +1,7 @@
 """Open-loop load: requests go out at scheduled times whatever the server is doing.
 
-The schedule (bench/loads/arrivals.py) is computed, and every request body built, before the clock starts. The
+The schedule (bench/loads/arrivals.py) is computed, and every request body due within the level's duration built,
+before the clock starts (requests of an extension past it, bench/loads/control.py, are built as they fall due). The
 sender then only sleeps until each absolute target time and hands the request to a task of its own: it never
 waits for a response, and because it sleeps until absolute targets rather than for an interval after each send,
 lateness never accumulates. Each record carries its scheduled time, so client lag (send - scheduled) shows when
@@ -12,9 +13,10 @@ With `max_concurrency`, a request whose time has come waits for one of that many
 Measurement window: first scheduled send .. last scheduled send (docs/metrics.md#open-loop-window). It is the span
 over which the load was offered at the requested rate; requests still running after it finish and are recorded,
 but only their tokens inside the window count toward aggregate throughput. The level never cancels a request at
-the end of its window; when the level itself is cancelled (Ctrl-C), it cancels the requests in flight, waits for
-them, and passes them on recorded with error_kind "cancelled" (Recorder.add_cancelled). Requests whose time had
-not come, or that were still waiting for a slot, were never sent and leave no record.
+the end of its window (except, with the steady-state rule, the requests still in flight a grace period after
+the level's cap: bench/loads/control.py); when the level itself is cancelled (Ctrl-C), it cancels the requests
+in flight, waits for them, and passes them on recorded with error_kind "cancelled" (Recorder.add_cancelled).
+Requests whose time had not come, or that were still waiting for a slot, were never sent and leave no record.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ import time
 from servelab.bench.client import RequestSpec, StreamClient
 from servelab.bench.loads.arrivals import Arrival, schedule_ns
 from servelab.bench.loads.common import Recorder, Target, make_spec
+from servelab.bench.loads.control import LevelControl
 from servelab.records import RequestRecord
 
 # The clock starts this long after the schedule is ready, so the first send is not late by set-up work.
 START_LEAD_NS = 5_000_000
+LONG_WAIT_NS = 250_000_000
+NS_PER_S = 1_000_000_000
 
 
 def rate_tag(rate: float) -> str:
@@ -38,13 +43,18 @@ def rate_tag(rate: float) -> str:
 async def run_rate(client: StreamClient, workload, target: Target, recorder: Recorder, *, rate: float,
                    arrival: Arrival = "poisson", burstiness: float = 1.0, seed: int = 0,
                    requests: int | None = None, duration_s: float | None = None,
-                   max_concurrency: int | None = None, tag: str | None = None
-                   ) -> tuple[list[RequestRecord], tuple[int, int]]:
-    """One open-loop level at `rate` requests/s, bounded by `requests`, `duration_s` or both."""
+                   max_concurrency: int | None = None, tag: str | None = None,
+                   control: LevelControl | None = None) -> tuple[list[RequestRecord], tuple[int, int]]:
+    """One open-loop level at `rate` requests/s, bounded by `requests`, `duration_s` or both. With `control`
+    (made with a steady-state rule) the schedule goes on past `duration_s` until the rule holds, up to the cap;
+    the requests due within the duration are built before the clock starts, later ones as they fall due."""
     tag = tag or rate_tag(rate)
+    control = control or LevelControl(None, duration_s=duration_s, max_requests=requests, open_loop=True)
+    horizon = control.cap_s if control.rule is not None and control.cap_s is not None else duration_s
     offsets = schedule_ns(rate=rate, arrival=arrival, burstiness=burstiness, seed=seed, count=requests,
-                          duration_s=duration_s)
-    specs = [make_spec(workload, target, recorder, tag) for _ in offsets]
+                          duration_s=horizon)
+    planned_ns = int(duration_s * NS_PER_S) if duration_s is not None else None
+    prebuilt = [make_spec(workload, target, recorder, tag) for o in offsets if planned_ns is None or o < planned_ns]
     measured: list[RequestRecord] = []
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
@@ -56,17 +66,23 @@ async def run_rate(client: StreamClient, workload, target: Target, recorder: Rec
                 record = await client.send(spec, scheduled_ns=scheduled_ns)
         recorder.add(record)
         measured.append(record)
+        control.finished(record)
 
     tasks: list[asyncio.Task] = []
     start_ns = time.perf_counter_ns() + START_LEAD_NS
+    control.begin(start_ns)
+    watcher = asyncio.create_task(control.watch())
     try:
-        for offset, spec in zip(offsets, specs):
+        for k, offset in enumerate(offsets):
             due_ns = start_ns + offset
-            delay_ns = due_ns - time.perf_counter_ns()
-            if delay_ns > 0:
-                await asyncio.sleep(delay_ns / 1e9)
+            await _sleep_until(due_ns, control)
+            if not control.may_send(due_ns):
+                break
+            spec = prebuilt[k] if k < len(prebuilt) else make_spec(workload, target, recorder, tag)
+            control.sending(due_ns)
             tasks.append(asyncio.create_task(one(spec, due_ns)))
-        await asyncio.gather(*tasks)
+        control.end_schedule()
+        await control.drain(tasks, client, recorder, measured)
     except asyncio.CancelledError:
         # Interrupted: stop the requests in flight and wait for them (a cancelled gather already did; one
         # cancelled while the sender slept did not), so each is recorded as cancelled before the level ends.
@@ -76,6 +92,21 @@ async def run_rate(client: StreamClient, workload, target: Target, recorder: Rec
         recorder.add_cancelled(client, measured)
         raise
     finally:
-        for task in tasks:  # only when stopped by an exception: a finished gather leaves nothing to cancel
+        watcher.cancel()
+        for task in tasks:  # only when stopped by an exception: a finished level leaves nothing to cancel
             task.cancel()
-    return measured, (start_ns + offsets[0], start_ns + offsets[-1])
+    return measured, control.window()
+
+
+async def _sleep_until(due_ns: int, control: LevelControl) -> None:
+    """Sleep until `due_ns`; long waits (a low rate) in steps, so a level that ends meanwhile stops waiting."""
+    while True:
+        delay_ns = due_ns - time.perf_counter_ns()
+        if delay_ns <= 0:
+            return
+        if delay_ns <= LONG_WAIT_NS:
+            await asyncio.sleep(delay_ns / NS_PER_S)
+            return
+        await asyncio.sleep(LONG_WAIT_NS / NS_PER_S)
+        if control.ended:
+            return

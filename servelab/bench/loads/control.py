@@ -1,0 +1,212 @@
+"""When a load level stops sending, and what happens to the requests still in flight then.
+
+A LevelControl is given to one closed-loop or open-loop level. The load mode asks it before every send
+(`may_send`) and tells it about every send and every finished request; it decides, with the steady-state rule of
+bench/steady.py, when the level has run long enough, and records why it stopped (`ended_by`) and where the
+measurement window ends (`window_end_ns`):
+
+- budget: a request budget (`--requests`) was spent: the window ends at the last send.
+- steady: the level ran its duration and then until the rule held: the window ends at the earliest moment it
+  held (closed loop) or at the last scheduled send (open loop).
+- cap: the cap came first: the window ends at the cap (closed loop) or the last scheduled send (open loop); the
+  requests still in flight `drain_grace_s` after the cap are cancelled and recorded as cancelled, their
+  error_detail saying the cap ended them.
+- failures: the first `give_up_after` requests all failed: the level ends early, whatever its duration.
+- failing: most requests had failed when the duration ran out: the level is not extended.
+Without a rule (a load mode used directly, as the tests do) a level ends at its duration or its budget, as
+before, and nothing is ever cancelled.
+
+Closed-loop workers back off after a failure (`Backoff`), so a server that refuses everything at once is not
+hammered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from collections.abc import Sequence
+
+from servelab.bench.steady import SteadyRule, e2e_s, earliest_end, holds
+from servelab.records import RequestRecord
+
+NS_PER_S = 1_000_000_000
+TICK_S = 0.1  # after the duration, the rule is looked at this often even when no request finishes
+
+
+class LevelControl:
+    def __init__(self, rule: SteadyRule | None, *, duration_s: float | None, max_requests: int | None = None,
+                 open_loop: bool = False):
+        if duration_s is None and max_requests is None:
+            raise ValueError("a level needs a duration, a request count, or both")
+        self.rule, self.duration_s, self.max_requests, self.open_loop = rule, duration_s, max_requests, open_loop
+        self.cap_s = rule.cap_s(duration_s) if rule is not None else None
+        self.start_ns = 0
+        self.deadline_ns: int | None = None
+        self.cap_ns: int | None = None
+        self.sent = 0
+        self.last_send_ns: int | None = None
+        self.done: list[tuple[int, float]] = []  # successful requests: (end ns, E2E s), in end order
+        self.ok = 0
+        self.failed = 0
+        self.cancelled_at_cap = 0
+        self.ended_by: str | None = None
+        self.window_end_ns: int | None = None
+        self._stop: asyncio.Event | None = None
+
+    # ---- the level's life ----
+    def begin(self, start_ns: int) -> None:
+        self.start_ns = start_ns
+        if self.duration_s is not None:
+            self.deadline_ns = start_ns + int(self.duration_s * NS_PER_S)
+        if self.cap_s is not None:
+            self.cap_ns = start_ns + int(self.cap_s * NS_PER_S)
+        self._stop = asyncio.Event()
+
+    @property
+    def ended(self) -> bool:
+        return self.ended_by is not None
+
+    def may_send(self, now_ns: int | None = None) -> bool:
+        self.evaluate(time.perf_counter_ns() if now_ns is None else now_ns)
+        return not self.ended
+
+    def sending(self, t_ns: int) -> None:
+        self.sent += 1
+        self.last_send_ns = t_ns
+
+    def finished(self, record: RequestRecord) -> None:
+        if record.ok:
+            self.ok += 1
+            e2e = e2e_s(record)
+            if e2e is not None and record.t_end_ns is not None:
+                bisect.insort(self.done, (record.t_end_ns, e2e))
+        elif record.error_kind != "cancelled":
+            self.failed += 1
+        self.evaluate(time.perf_counter_ns())
+
+    def window(self) -> tuple[int, int]:
+        end = self.window_end_ns if self.window_end_ns is not None else (self.last_send_ns or self.start_ns)
+        return self.start_ns, end
+
+    # ---- the decision ----
+    def evaluate(self, now_ns: int) -> None:
+        if self.ended:
+            return
+        rule = self.rule
+        if rule is not None and self.ok == 0 and self.failed >= rule.give_up_after:
+            self._end("failures", self._last_send_or(now_ns))
+        elif self.max_requests is not None and self.sent >= self.max_requests:
+            self._end("budget", self.last_send_ns or now_ns)
+        elif self.deadline_ns is not None and now_ns >= self.deadline_ns:
+            if rule is None:
+                if not self.open_loop:  # an open loop without a rule ends with its schedule
+                    self._end("duration", self.deadline_ns)
+                return
+            horizon = min(now_ns, self.cap_ns) if self.cap_ns is not None else now_ns
+            steady_end = self._steady_end(horizon)
+            if steady_end is not None:
+                self._end("steady", steady_end)
+            elif self.failed > self.ok:
+                self._end("failing", self._last_send_or(now_ns))
+            elif self.cap_ns is not None and now_ns >= self.cap_ns:
+                self._end("cap", self._last_send_or(self.cap_ns))
+        elif self.cap_ns is not None and now_ns >= self.cap_ns:  # a budget level with an explicit cap
+            self._end("cap", self._last_send_or(self.cap_ns))
+
+    def _last_send_or(self, t_ns: int) -> int:
+        """Where the window ends when the level stops at `t_ns`: there (closed loop), or at the last scheduled
+        send (open loop: its window is first .. last scheduled send)."""
+        if self.open_loop:
+            return self.last_send_ns if self.last_send_ns is not None else self.start_ns
+        return t_ns
+
+    def _steady_end(self, horizon_ns: int) -> int | None:
+        assert self.rule is not None
+        if self.open_loop:
+            end = self.last_send_ns if self.last_send_ns is not None else self.start_ns
+            inside = sorted(e for t, e in self.done if t <= end)
+            return end if holds((end - self.start_ns) / NS_PER_S, inside, self.rule) else None
+        lo = max(self.deadline_ns or self.start_ns, self.last_send_ns or self.start_ns)
+        if lo > horizon_ns:
+            return None
+        return earliest_end(self.start_ns, lo, horizon_ns, self.done, self.rule)
+
+    def _end(self, why: str, window_end_ns: int) -> None:
+        self.ended_by, self.window_end_ns = why, window_end_ns
+        if self._stop is not None:
+            self._stop.set()
+
+    def end_schedule(self) -> None:
+        """An open-loop schedule ran out before anything else ended the level."""
+        if self.ended:
+            return
+        if self.rule is not None and self.cap_ns is not None and self.duration_s is not None and \
+                (self.max_requests is None or self.sent < self.max_requests):
+            self._end("cap", self._last_send_or(self.cap_ns))
+        else:
+            self._end("budget" if self.max_requests is not None and self.sent >= self.max_requests else "schedule",
+                      self.last_send_ns if self.last_send_ns is not None else self.start_ns)
+
+    # ---- waiting ----
+    async def watch(self) -> None:
+        """Look at the rule from the duration on (and at the cap) even when no request finishes: a level whose
+        requests are long, or whose workers are backing off, still ends on time."""
+        first = self.deadline_ns if self.deadline_ns is not None else self.cap_ns
+        if first is None or self.rule is None:
+            return
+        await asyncio.sleep(max(first - time.perf_counter_ns(), 0) / NS_PER_S)
+        while not self.ended:
+            self.evaluate(time.perf_counter_ns())
+            if not self.ended:
+                await asyncio.sleep(TICK_S)
+
+    async def pause(self, delay_s: float) -> None:
+        """Sleep `delay_s`, or less if the level ends meanwhile."""
+        if delay_s <= 0 or self._stop is None or self.ended:
+            return
+        try:
+            await asyncio.wait_for(self._stop.wait(), delay_s)
+        except TimeoutError:
+            pass
+
+    async def drain(self, tasks: Sequence[asyncio.Task], client, recorder, measured: list[RequestRecord]) -> None:
+        """Wait for the level's tasks. A level that ended normally lets its requests in flight finish (bounded by
+        the client's deadlines); one that reached its cap cancels those still running `drain_grace_s` after it,
+        and records them as cancelled by the cap."""
+        if self.cap_ns is None or self.rule is None:
+            await asyncio.gather(*tasks)
+            return
+        grace_end_ns = self.cap_ns + int(self.rule.drain_grace_s * NS_PER_S)
+        done, pending = await asyncio.wait(tasks, timeout=max(grace_end_ns - time.perf_counter_ns(), 0) / NS_PER_S)
+        if pending:
+            self.evaluate(time.perf_counter_ns())
+            if self.ended_by == "cap":
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                taken = recorder.add_cancelled(
+                    client, measured, because=f"cancelled by the level's cap: still in flight "
+                                              f"{self.rule.drain_grace_s:g} s after the {self.cap_s:g} s cap")
+                self.cancelled_at_cap = len(taken)
+            else:
+                await asyncio.gather(*pending)
+        for task in done:
+            task.result()  # a worker's own exception (a bug) is not swallowed
+
+
+class Backoff:
+    """A closed-loop worker's wait after a failed request: `backoff_start_s`, doubling up to `backoff_max_s`,
+    back to none after a success."""
+
+    def __init__(self, rule: SteadyRule):
+        self.rule = rule
+        self.next_s = rule.backoff_start_s
+
+    def after(self, record: RequestRecord) -> float:
+        if record.ok or record.error_kind == "cancelled":
+            self.next_s = self.rule.backoff_start_s
+            return 0.0
+        delay = self.next_s
+        self.next_s = min(self.next_s * 2, self.rule.backoff_max_s)
+        return delay
