@@ -194,10 +194,22 @@ def bench_cmd(
     tokenizer: Annotated[str, typer.Option(help="How to count tokens when the server gives no per-chunk counts: "
                                                 "auto (the server's /tokenize when it has one), server, none "
                                                 "(one per chunk, labelled), or a tokenizer.json path.")] = "auto",
+    min_requests: Annotated[Optional[int], typer.Option(
+        help="Steady state: completed requests a level's window must hold for its throughput to be measured "
+             "(default 10); a level runs past --duration until it has them, and lasts 3x their E2E p50.")] = None,
+    max_level_duration: Annotated[Optional[float], typer.Option(
+        help="Steady state: the longest a level may run, seconds (default max(4 x duration, 60)); a level it "
+             "ends is not measured, and its requests still in flight 2 s later are cancelled.")] = None,
+    max_error_rate: Annotated[Optional[float], typer.Option(
+        help="Exit 1 when a level's share of failed requests is above this fraction (default: only when every "
+             "request of a level failed).")] = None,
     api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Benchmark a running server: single stream, closed or open loop, sweeps, SLO search; counted in tokens."""
+    """Benchmark a running server: single stream, closed or open loop, sweeps, SLO search; counted in tokens.
+
+    Exit 1 when a level broke the error gate (--max-error-rate)."""
+    from servelab.bench.failures import error_gate
     from servelab.bench.options import BenchArgs, build_options
     from servelab.bench.runner import bench
     from servelab.report.terminal import render_headline, render_levels
@@ -213,16 +225,15 @@ def bench_cmd(
         output_from_dataset=output_from_dataset, input_tokens=input_tokens, prefix_groups=prefix_groups,
         prefix_tokens=prefix_tokens, prefix_group_size=prefix_group_size, ignore_eos=ignore_eos,
         min_tokens=min_tokens, slo=slo, search=search, max_rate=max_rate, max_probes=max_probes, seed=seed,
-        api_key=api_key, tokenizer=tokenizer))
+        api_key=api_key, tokenizer=tokenizer, min_requests=min_requests, max_level_duration=max_level_duration,
+        max_error_rate=max_error_rate))
     ui = _out_console(as_json)
     rundir = RunDir.create(out, "bench", mode) if out else None
     records = []
-    done = {"n": 0, "tokens": 0}
-    with ui.status("benchmarking…") as status:
+    progress = LevelProgress()
+    with ui.status("benchmarking…") as status, progress.printing(ui, every_s=None if ui.is_terminal else 10.0):
         def on_record(record) -> None:
-            done["n"] += 1
-            done["tokens"] += record.output_tokens
-            status.update(f"{record.tag}: {done['n']} requests, {done['tokens']:,} tokens")
+            status.update(progress.add(record))
             records.append(record)
             if rundir:
                 rundir.append_record(record)
@@ -242,8 +253,10 @@ def bench_cmd(
             if lv.slo is not None:
                 verdict = ", ".join(f"{k} {t['observed_ms']:.1f}" if t["observed_ms"] is not None else f"{k} inf"
                                     for k, t in lv.slo["targets"].items())
-                console.print(f"  {lv.tag}: targets {'met' if lv.slo['passed'] else 'not met'} ({verdict})",
-                              highlight=False)
+                judged = lv.slo.get("judged", True)
+                outcome = "met" if lv.slo["passed"] else "not met" if judged else "not judged"
+                console.print(f"  {lv.tag}: targets {outcome} ({verdict})"
+                              + ("" if judged else f": {lv.slo.get('reason')}"), highlight=False)
         if result.search is not None:
             s, goodput = result.search, result.headline.get("slo.goodput_req_s")
             console.print(f"SLO search ({s['targets']}): highest {s['dimension']} that met them: {s.get('best')}"
@@ -254,6 +267,63 @@ def bench_cmd(
             console.print(f"written to {rundir.path}")
     if result.interrupted:
         raise typer.Exit(130)
+    broken = error_gate(result.levels, options.max_error_rate)
+    if broken:
+        for reason in broken:
+            err_console.print(f"error gate: {reason}", highlight=False, markup=False)
+        raise typer.Exit(1)
+
+
+class LevelProgress:
+    """The live status of `bench`: requests and tokens of the level running now (counted afresh when the tag
+    changes), and, when the output is not a terminal, the same as a plain line every ~10 s so a pipe sees it."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.tag, self.n, self.failed, self.tokens = "", 0, 0, 0
+        self._lock = threading.Lock()
+
+    def add(self, record) -> str:
+        with self._lock:
+            if record.tag != self.tag:
+                self.tag, self.n, self.failed, self.tokens = record.tag, 0, 0, 0
+            self.n += 1
+            self.failed += 0 if record.ok or record.error_kind == "cancelled" else 1
+            self.tokens += record.output_tokens
+            return self.line()
+
+    def line(self) -> str:
+        failed = f" ({self.failed:,} failed)" if self.failed else ""
+        return (f"{self.tag or 'starting'}: {self.n:,} request{'' if self.n == 1 else 's'}{failed}, "
+                f"{self.tokens:,} tokens")
+
+    def printing(self, ui: Console, every_s: float | None):
+        """A context in which a thread prints `line()` every `every_s` seconds (None: never)."""
+        import contextlib
+        import threading
+
+        @contextlib.contextmanager
+        def run():
+            if every_s is None:
+                yield
+                return
+            stop = threading.Event()
+
+            def loop() -> None:
+                while not stop.wait(every_s):
+                    with self._lock:
+                        line = self.line()
+                    ui.print(line, highlight=False, markup=False)
+
+            thread = threading.Thread(target=loop, name="bench-progress", daemon=True)
+            thread.start()
+            try:
+                yield
+            finally:
+                stop.set()
+                thread.join(timeout=1)
+        return run()
 
 
 StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="The run store (default: OUT/servelab.db, or "

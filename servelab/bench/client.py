@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import html
 import json
+import re
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -32,6 +34,9 @@ from servelab.bench.tokens import RawChunk, count_tokens
 from servelab.records import ErrorKind, RequestRecord, Usage
 
 _EXCERPT = 300
+_HTML = re.compile(r"\s*<(!doctype|html)", re.IGNORECASE)
+_HEAD = re.compile(r"<(head|script|style)\b.*?</\1\s*>", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]*>")
 _ERROR_BODY_MAX = 64 * 1024  # of an error body, kept for its message
 
 
@@ -307,6 +312,8 @@ def _error_text(raw: bytes) -> str:
             return str(obj["detail"])[:_EXCERPT]
     except ValueError:
         pass
+    if _HTML.match(text):  # an HTML error page (a proxy, python -m http.server): its words, not its markup
+        text = html.unescape(_TAG.sub(" ", _HEAD.sub(" ", text)))
     return " ".join(text.split())[:_EXCERPT]
 
 

@@ -37,14 +37,18 @@ class BenchSettings(Strict):
     level_duration_s: float = Field(10.0, gt=0)
     max_concurrency: int = Field(32, ge=1)
     sweep: bool = True  # False: single-stream only
+    # The error gate (bench/failures.py error_gate; docs/metrics.md#errors): a cell fails when a level's share of
+    # failed requests is above this; None: only when every request of a level failed.
+    max_error_rate: float | None = Field(None, ge=0, le=1)
 
     def options(self, model: str | None) -> tuple[BenchOptions, BenchOptions | None]:
         workload = Workload(endpoint=ENDPOINTS[self.endpoint], max_tokens=self.max_tokens,
                             temperature=self.temperature, ignore_eos=self.ignore_eos)
         single = BenchOptions(mode="single", model=model, workload=workload, single_requests=self.single_requests,
-                              warmup=self.warmup)
+                              warmup=self.warmup, max_error_rate=self.max_error_rate)
         sweep = BenchOptions(mode="sweep", model=model, workload=workload, warmup=self.warmup,
-                             level_duration_s=self.level_duration_s, max_concurrency=self.max_concurrency)
+                             level_duration_s=self.level_duration_s, max_concurrency=self.max_concurrency,
+                             max_error_rate=self.max_error_rate)
         return single, sweep if self.sweep else None
 
 

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from servelab.bench.failures import error_line
 from servelab.records import BenchResult, CheckResult, Figure, LintFinding, RunSummary, Summary, VerifyResult
 
 _OUTCOME_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
@@ -72,6 +73,9 @@ def render_levels(console: Console, result: BenchResult) -> None:
     for s in result.levels:
         for w in s.warnings:
             console.print(Text(f"  {s.tag}: {w}", style="yellow"))
+    for s in result.levels:  # the most common errors, with the first response's excerpt (docs/metrics.md#errors)
+        for e in s.top_errors:
+            console.print(Text(f"  {s.tag} error: {error_line(e)}", style="red"))
     counted = {s.figures["output_tok_s"].counted_by for s in result.levels} - {None}
     if counted:
         console.print(Text(f"  tokens counted by: {', '.join(sorted(counted))}", style="dim"))
