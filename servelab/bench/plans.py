@@ -239,12 +239,12 @@ async def rate_sweep(state: BenchState, client: StreamClient, target: Target) ->
         if level.failed and level.failed > (level.ok + level.failed) / 2:
             state.stop_reason = f"more than half the requests failed at {rate:g} req/s"
             return
+        if listed:  # every rate asked for runs; an unmeasured level says so itself
+            continue
         if not is_measured(level):
             state.stop_reason = f"{rate:g} req/s was not measured ({level.steady.reason}); a higher rate would " \
                                 f"not be either"
             return
-        if listed:
-            continue
         if level.slo is not None and not level.slo["passed"]:
             state.stop_reason = f"the latency targets broke at {rate:g} req/s"
             return
