@@ -346,6 +346,8 @@ def run_cmd(
     requests: Annotated[Optional[int], typer.Option(help="Measured single-stream requests.")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per request.")] = None,
     max_concurrency: Annotated[Optional[int], typer.Option(help="Highest concurrency the sweep tries.")] = None,
+    trials: Annotated[Optional[int], typer.Option(help="Trials per cell, interleaved between cells (the default "
+                                                       "experiment: 3); verdicts need them to agree.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run an experiment: every cell in turn (up, verify, bench single-stream and sweep, down), then compare them.
@@ -357,13 +359,15 @@ def run_cmd(
     from servelab.experiment.model import with_bench_overrides
     from servelab.experiment.runner import ExperimentOptions, run_experiment
 
-    if any(v is not None and v <= 0 for v in (duration, requests, max_tokens, max_concurrency)):
-        raise UserError("--requests, --max-tokens, --duration and --max-concurrency must be positive")
+    if any(v is not None and v <= 0 for v in (duration, requests, max_tokens, max_concurrency, trials)):
+        raise UserError("--requests, --max-tokens, --duration, --max-concurrency and --trials must be positive")
     if resume and new:
         raise UserError("--resume and --new contradict each other")
     spec = load_experiment(experiment) if experiment is not None else default_experiment()
     spec = with_bench_overrides(spec, {"level_duration_s": duration, "single_requests": requests,
                                        "max_tokens": max_tokens, "max_concurrency": max_concurrency})
+    if trials is not None:
+        spec = spec.model_copy(update={"trials": trials})
     options = ExperimentOptions(out_root=out, store_path=store, resume="require" if resume else "never" if new
                                 else "auto", source=str(experiment) if experiment else "embedded default")
     result = run_experiment(spec, options, _out_console(as_json))

@@ -77,9 +77,10 @@ def test_up_reports_an_engine_that_dies_during_start_up(tmp_path: Path) -> None:
 
 @pytest.mark.engine
 def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> None:
-    """The default `servelab run`, with short settings: misconfigured (one slot) against well configured."""
-    proc = servelab("run", "--out", str(tmp_path), "--duration", "8", "--requests", "2", "--max-tokens", "32",
-                    "--max-concurrency", "4", "--json", timeout=400)
+    """The default `servelab run` (three interleaved trials per cell), with short settings: misconfigured (one
+    slot) against well configured."""
+    proc = servelab("run", "--out", str(tmp_path), "--duration", "4", "--requests", "2", "--max-tokens", "32",
+                    "--max-concurrency", "4", "--json", timeout=500)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
     assert result["status"] == "complete" and result["schema_version"] == 1
@@ -106,10 +107,16 @@ def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> No
         assert prov["host"]["cpu_cores_logical"] >= 1 and prov["servelab_version"]
         # every request is on disk, and the single-stream level accounts for all of its tokens
         records = read_records(run_dir / "records.jsonl")
-        single = [r for r in records if r.tag == "single" and not r.warmup]
-        assert len(single) == 2 and all(r.output_tokens == 32 for r in single)
-        level = summary["single"]["levels"][0]
-        assert level["figures"]["output_tok_s"]["value"] * level["window_s"] == pytest.approx(64, rel=1e-6)
+        assert [t["index"] for t in summary["trials"]] == [0, 1, 2]
+        assert {r.trial for r in records} == {0, 1, 2}
+        for trial in summary["trials"]:
+            single = [r for r in records if r.tag == "single" and not r.warmup and r.trial == trial["index"]]
+            assert len(single) == 2 and all(r.output_tokens == 32 for r in single)
+            level = trial["single"]["levels"][0]
+            assert level["figures"]["output_tok_s"]["value"] * level["window_s"] == pytest.approx(64, rel=1e-6)
+            # every trial measured the levels of the first
+            assert [lv["tag"] for lv in trial["sweep"]["levels"]] == \
+                [lv["tag"] for lv in summary["trials"][0]["sweep"]["levels"]]
     # the lint marks the one-slot cell, and the comparison's verdict tells the story
     assert any(f["setting"] == "parallel=1" and f["severity"] == "serious" for f in misconfigured["launch"]["lint"])
     assert not any(f["severity"] == "serious" for f in well["launch"]["lint"])
@@ -157,8 +164,9 @@ def test_ctrl_c_during_run_stops_the_engine_and_keeps_what_was_measured(tmp_path
     assert proc.returncode == 130
     summary = json.loads((records_file.parent / "summary.json").read_text())
     assert summary["status"] == "interrupted"
-    assert summary["single"]["interrupted"] is True
-    assert summary["single"]["levels"][0]["ok"] >= 2
+    trial = summary["trials"][0]
+    assert trial["status"] == "interrupted" and trial["single"]["interrupted"] is True
+    assert trial["single"]["levels"][0]["ok"] >= 2
     for pid in engine_pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
