@@ -196,3 +196,15 @@ def test_slo_search_refuses_to_call_a_level_met_on_too_few_requests(slow) -> Non
     enough = bench(slow.url, options(mode="slo-search", search="concurrency", concurrency=4, max_concurrency=4,
                                      requests=24, slo="e2e_p99_ms=5000", max_probes=1))
     assert enough.search["best"] == 4 and enough.search["probes"][0]["passed"] is True
+
+
+def test_a_window_ended_by_the_latency_condition_is_judged_long_enough() -> None:
+    """Where the window's end is set by K x p50 (not by a completion), the judgement of the finished level must
+    agree with the decision taken while it ran, whatever the rounding of nanoseconds."""
+    rule = SteadyRule(min_completed=3, latency_multiple=3.0)
+    records = [record(i, 0.0, 1.0) for i in range(4)]
+    for r in records:
+        r.t_end_ns = 2_095_513_148  # an E2E whose 3 x p50, in ns, truncates below 3 x p50 in seconds
+    end = earliest_end(0, 3 * S, 60 * S, [(r.t_end_ns, (r.t_end_ns - r.t_send_ns) / S) for r in records], rule)
+    assert end is not None
+    assert judge(records, (0, end), rule, ended_by="steady").measured

@@ -14,6 +14,7 @@ value, with the reason instead, never a 0 for a window that simply finished no r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from servelab.records import RequestRecord, SteadyState, Summary
 AGGREGATE_KEYS = ("output_tok_s", "request_s", "goodput_req_s")
 KEEP_UP_FRACTION = 0.5  # open loop: completions in the window below this share of those due in it
 KEEP_UP_MIN_DUE = 4  # fewer due than this: too few to say
+TOLERANCE_S = 1e-6  # a window that ends where K x p50 is reached is long enough, whatever the float rounding
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def e2e_s(r: RequestRecord) -> float | None:
 def holds(window_s: float, e2e_sorted_s: Sequence[float], rule: SteadyRule) -> bool:
     """The rule over a window of `window_s` seconds whose completed requests took `e2e_sorted_s` (ascending)."""
     return (len(e2e_sorted_s) >= rule.min_completed
-            and window_s >= rule.latency_multiple * percentile(e2e_sorted_s, 50))
+            and window_s + TOLERANCE_S >= rule.latency_multiple * percentile(e2e_sorted_s, 50))
 
 
 def earliest_end(start_ns: int, lo_ns: int, now_ns: int, done: Sequence[tuple[int, float]], rule: SteadyRule
@@ -72,7 +74,7 @@ def earliest_end(start_ns: int, lo_ns: int, now_ns: int, done: Sequence[tuple[in
         stretch_end = min(next_end, now_ns) if next_end is not None else now_ns
         if inside >= rule.min_completed:
             p50 = percentile(sorted(e for _, e in done[:inside]), 50)
-            t = max(stretch_start, start_ns + int(rule.latency_multiple * p50 * NS_PER_S))
+            t = max(stretch_start, start_ns + math.ceil(rule.latency_multiple * p50 * NS_PER_S))
             if t <= stretch_end:
                 return t
         if next_end is None or next_end > now_ns:
