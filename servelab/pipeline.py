@@ -22,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from servelab.bench.failures import error_gate, error_line
 from servelab.bench.runner import BenchOptions, bench
 from servelab.bench.trials import counted_trials, pooled_benches, run_headline
 from servelab.engines import EngineSpec
@@ -152,6 +153,11 @@ class CellSession:
                 self.save()
                 if result.interrupted:
                     raise KeyboardInterrupt
+                broken = error_gate(result.levels, opts.max_error_rate)
+                if broken:
+                    trial.status = "failed"
+                    self.fail(UserError(f"bench {name} broke the error gate: " + "; ".join(broken)))
+                    return None
             trial.status = "complete"
             self.save()
             return trial
@@ -178,6 +184,9 @@ class CellSession:
             busy = level.environment is not None and level.environment.contended
             self.console.print(Text(f"  {name:6} {level_line(level)}" + ("  ⚠ contended" if busy else ""),
                                     style="yellow" if busy else ""), highlight=False)
+            for error in level.top_errors:
+                self.console.print(Text(f"         {level.tag} error: {error_line(error)}", style="red"),
+                                   highlight=False)
 
     # ---- the end ----
     def fail(self, exc: UserError) -> None:

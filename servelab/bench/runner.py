@@ -70,6 +70,9 @@ class BenchOptions:
     # The error gate (bench/failures.py): a level whose share of failed requests is above this breaks it; None:
     # only a level where every request failed does.
     max_error_rate: float | None = None
+    # sweep: exactly these concurrencies, no stop rule (later trials of a cell repeat the first trial's levels,
+    # so the trials measure the same loads); None: 1, 2, 4, … until throughput stops growing.
+    sweep_levels: list[int] | None = None
 
 
 @dataclass
@@ -282,13 +285,15 @@ async def warm_up(state: BenchState, client: StreamClient, target: Target, tag: 
 
 
 async def sweep(state: BenchState, client: StreamClient, target: Target) -> None:
-    """Concurrency 1, 2, 4, ... until aggregate output tok/s stops growing (or max_concurrency is reached)."""
+    """Concurrency 1, 2, 4, ... until aggregate output tok/s stops growing (or max_concurrency is reached); or
+    exactly `sweep_levels` when given (a later trial repeating the first trial's levels)."""
     opts = state.options
     await warm_up(state, client, target, tag="warmup")
     best: Summary | None = None
     flat = 0  # consecutive levels that did not beat the best by min_gain
-    concurrency = 1
-    while concurrency <= opts.max_concurrency:
+    fixed = list(opts.sweep_levels or [])
+    concurrency = fixed.pop(0) if fixed else 1
+    while concurrency <= opts.max_concurrency or opts.sweep_levels:
         tag = f"c{concurrency}"
         await begin_level(state, tag, concurrency)
         control = LevelControl(opts.steady, duration_s=opts.level_duration_s)
@@ -302,6 +307,12 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
         if level.failed and level.failed > (level.ok + level.failed) / 2:
             state.stop_reason = f"more than half the requests failed at concurrency {concurrency}"
             return
+        if opts.sweep_levels:  # every level of the first trial, measured or not
+            if not fixed:
+                state.stop_reason = "ran the levels of the cell's first trial"
+                return
+            concurrency = fixed.pop(0)
+            continue
         if not is_measured(level):
             state.stop_reason = (f"concurrency {concurrency} was not measured ({level.steady.reason}); a higher "
                                  f"concurrency would be slower still")

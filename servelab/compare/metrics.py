@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from servelab.bench import metrics as m
+from servelab.bench.steady import is_measured
 from servelab.compare.bootstrap import BinnedRate, MedianOf, PooledMedian, Resampler, Trials, time_bins
 from servelab.compare.sources import RunData
 from servelab.records import Figure, Summary
@@ -62,6 +63,8 @@ def peak_level(run: RunData) -> Summary | None:
 def top_level(run: RunData) -> Summary | None:
     """The sweep's highest concurrency level: the most load both engines were asked to carry."""
     levels = [s for s in (run.sweep.levels if run.sweep else []) if s.mode == "concurrency" and s.ok]
+    measured = [s for s in levels if is_measured(s)]  # a level too short for a steady state only if none was
+    levels = measured or levels
     return max(levels, key=lambda s: s.concurrency) if levels else None
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from servelab.bench.runner import BenchOptions
+from servelab.bench.steady import SteadyRule
 from servelab.bench.workload import Workload
 from servelab.engines import REGISTRY, EngineSpec
 
@@ -40,15 +41,20 @@ class BenchSettings(Strict):
     # The error gate (bench/failures.py error_gate; docs/metrics.md#errors): a cell fails when a level's share of
     # failed requests is above this; None: only when every request of a level failed.
     max_error_rate: float | None = Field(None, ge=0, le=1)
+    # The steady-state rule of the sweep's levels (docs/metrics.md#steady-state): N completed requests in the
+    # window, a window of at least K x their E2E p50.
+    min_requests: int = Field(10, ge=1)
+    latency_multiple: float = Field(3.0, ge=0)
 
     def options(self, model: str | None) -> tuple[BenchOptions, BenchOptions | None]:
         workload = Workload(endpoint=ENDPOINTS[self.endpoint], max_tokens=self.max_tokens,
                             temperature=self.temperature, ignore_eos=self.ignore_eos)
         single = BenchOptions(mode="single", model=model, workload=workload, single_requests=self.single_requests,
                               warmup=self.warmup, max_error_rate=self.max_error_rate)
+        steady = SteadyRule(min_completed=self.min_requests, latency_multiple=self.latency_multiple)
         sweep = BenchOptions(mode="sweep", model=model, workload=workload, warmup=self.warmup,
                              level_duration_s=self.level_duration_s, max_concurrency=self.max_concurrency,
-                             max_error_rate=self.max_error_rate)
+                             max_error_rate=self.max_error_rate, steady=steady)
         return single, sweep if self.sweep else None
 
 

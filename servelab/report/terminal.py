@@ -162,5 +162,6 @@ def failed_checks(checks: list[CheckResult]) -> list[CheckResult]:
 
 
 def level_line(s: Summary) -> str:
-    return (f"{s.tag}: {fmt(s.figures['output_tok_s'].value)} tok/s, {sent_cell(s, ' ok')}, "
-            f"TTFT p50 {fmt(s.figures['ttft_ms'].value, 0)} ms")
+    rate = ("tok/s not measured (too short for a steady state)" if s.steady is not None and not s.steady.measured
+            else f"{fmt(s.figures['output_tok_s'].value)} tok/s")
+    return f"{s.tag}: {rate}, {sent_cell(s, ' ok')}, TTFT p50 {fmt(s.figures['ttft_ms'].value, 0)} ms"
