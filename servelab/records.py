@@ -391,7 +391,22 @@ class Provenance(BaseModel):
     host_load: EnvironmentSummary | None = None
 
 
-class Trial(BaseModel):
+class SingleAndSweep:
+    """What holds a single-stream bench and a sweep (a trial; a run as compare sees it): both, and their levels."""
+
+    single: BenchResult | None
+    sweep: BenchResult | None
+
+    @property
+    def benches(self) -> list[BenchResult]:
+        return [b for b in (self.single, self.sweep) if b is not None]
+
+    @property
+    def levels(self) -> list[Summary]:
+        return [s for b in self.benches for s in b.levels]
+
+
+class Trial(SingleAndSweep, BaseModel):
     """One pass of a cell's bench steps (single-stream, then the sweep) against its server. An experiment repeats
     each cell as several trials, interleaved with the other cells' (docs/metrics.md#trials); its records carry
     the trial's `index` in `RequestRecord.trial`."""
@@ -402,14 +417,6 @@ class Trial(BaseModel):
     status: Literal["complete", "interrupted", "failed"] = "complete"
     single: BenchResult | None = None
     sweep: BenchResult | None = None
-
-    @property
-    def benches(self) -> list[BenchResult]:
-        return [b for b in (self.single, self.sweep) if b is not None]
-
-    @property
-    def levels(self) -> list[Summary]:
-        return [s for b in self.benches for s in b.levels]
 
     @property
     def contended_levels(self) -> list[Summary]:

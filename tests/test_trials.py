@@ -18,7 +18,7 @@ from servelab.compare.sources import from_summary
 from servelab.experiment.load import parse_experiment
 from servelab.experiment.runner import ExperimentOptions, run_experiment
 from servelab.experiment.schedule import trial_schedule
-from servelab.records import EnvironmentSummary, RunSummary, Trial
+from servelab.records import EnvironmentSummary, RunSummary
 from servelab.store.db import Store
 from servelab.store.runs import load_run
 from tests.synthetic_runs import synthetic_run

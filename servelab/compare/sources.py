@@ -14,14 +14,14 @@ from pathlib import Path
 from servelab.bench.trials import counted_trials, is_contended, pooled_benches, run_headline
 from servelab.errors import UserError
 from servelab.records import (BenchResult, Figure, LaunchResult, LintFinding, Provenance, RequestRecord,
-                              RunSummary, Summary, Trial, VerifyResult)
+                              RunSummary, SingleAndSweep, Trial, VerifyResult)
 from servelab.store.db import Store
 from servelab.store.rundir import read_records
 from servelab.store.runs import load_run, resolve_run_id
 
 
 @dataclass
-class RunData:
+class RunData(SingleAndSweep):
     """One run as compare and report see it. `single` and `sweep` pool the trials that count (bench/trials.py:
     the quiet ones when there are any), so figures read from them are the run's figures whatever its trials."""
 
@@ -41,14 +41,6 @@ class RunData:
     counted: list[int] = field(default_factory=lambda: [0])  # indices of the trials single/sweep pool
     excluded: list[int] = field(default_factory=list)  # contended trials left out
     experiment_id: str | None = None  # runs of one experiment ran interleaved: their trials pair by index
-
-    @property
-    def benches(self) -> list[BenchResult]:
-        return [b for b in (self.single, self.sweep) if b is not None]
-
-    @property
-    def levels(self) -> list[Summary]:
-        return [s for b in self.benches for s in b.levels]
 
     @property
     def serious(self) -> list[LintFinding]:
