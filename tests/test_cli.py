@@ -127,9 +127,16 @@ def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> No
     # raise it beyond noise, and the comparison must be free to say so.
     load = next(r for r in comparison["rows"] if r["key"] == "load.ttft_ms")
     assert [f["where"] for f in load["figures"]] == ["c4", "c4"]
-    assert load["ratios"][1]["verdict"] == "better", load
     verdicts = " ".join(comparison["verdicts"])
-    assert "well-configured answers faster than misconfigured under load" in verdicts
+    if load["ratios"][1]["verdict"] == "contended":
+        # another tenant kept the CI machine busy through every trial of a cell: the honest answer is no verdict,
+        # and the comparison must say why (a quiet machine gives "better" in every run: benchmarks/results)
+        assert any("every trial ran on a contended machine" in w for w in comparison["warnings"]), comparison
+        assert all(r < 1 for r in load["ratios"][1]["trial_ratios"]), load
+    else:
+        assert load["ratios"][1]["verdict"] == "better", load
+        assert len(load["ratios"][1]["trial_ratios"]) >= 2 and all(r < 1 for r in load["ratios"][1]["trial_ratios"])
+        assert "well-configured answers faster than misconfigured under load" in verdicts
     assert "misconfigured is NOT REPRESENTATIVE" in verdicts
     peak = next(r for r in comparison["rows"] if r["key"] == "peak.output_tok_s")
     said_faster = "well-configured is faster than misconfigured at peak" in verdicts
