@@ -132,7 +132,6 @@ def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> No
         # another tenant kept the CI machine busy through every trial of a cell: the honest answer is no verdict,
         # and the comparison must say why (a quiet machine gives "better" in every run: benchmarks/results)
         assert any("every trial ran on a contended machine" in w for w in comparison["warnings"]), comparison
-        assert all(r < 1 for r in load["ratios"][1]["trial_ratios"]), load
     else:
         assert load["ratios"][1]["verdict"] == "better", load
         assert len(load["ratios"][1]["trial_ratios"]) >= 2 and all(r < 1 for r in load["ratios"][1]["trial_ratios"])
