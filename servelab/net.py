@@ -8,6 +8,7 @@ import socket
 from yarl import URL
 
 from servelab.errors import UserError
+from servelab.redaction import redact_url
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -21,9 +22,9 @@ def normalize_base_url(url: str) -> str:
     try:
         parsed = URL(text)
     except ValueError as exc:
-        raise UserError(f"invalid server URL '{url}': {exc}") from None
+        raise UserError(f"invalid server URL '{redact_url(url)}': {redact_url(str(exc))}") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise UserError(f"invalid server URL '{url}'", hint="expected http://HOST:PORT")
+        raise UserError(f"invalid server URL '{redact_url(url)}'", hint="expected http://HOST:PORT")
     path = parsed.path.rstrip("/")
     path = path.removesuffix("/v1")
     return str(parsed.with_path(path or "/").with_query(None).with_fragment(None)).rstrip("/")
@@ -35,6 +36,7 @@ async def ensure_reachable(base_url: str, timeout_s: float = CONNECT_TIMEOUT_S) 
     parsed = URL(base_url)
     host, port = parsed.host, parsed.port
     assert host is not None and port is not None  # normalize_base_url guarantees both
+    base_url = redact_url(base_url) or base_url  # only for the messages: a URL's password is never printed
     try:
         async with asyncio.timeout(timeout_s):
             _, writer = await asyncio.open_connection(host, port)

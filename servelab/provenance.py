@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import socket
 import subprocess
 import sys
@@ -22,15 +21,10 @@ import psutil
 import servelab
 from servelab import aio
 from servelab.records import HostInfo, Provenance
+# The redaction rule lives in servelab/redaction.py; these names are re-exported for the callers that used them.
+from servelab.redaction import (REDACTED, SECRET_FLAGS, is_secret_flag, is_secret_key,  # noqa: F401
+                                redact_command, redact_env, redact_text, redact_url)
 
-REDACTED = "***"
-_SECRET_KEY = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASS|AUTH|CREDENTIAL", re.IGNORECASE)
-# Flags whose next argument (or `=value`) is a secret. Compared after mapping `_` to `-`.
-SECRET_FLAGS = frozenset({
-    "--api-key", "--token", "--hf-token", "--password", "--auth-token", "--access-token", "--secret",
-    "--ssl-keyfile-password",
-})
-_ENV_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 # Environment variables that change how an engine behaves, recorded even when servelab did not set them.
 RELEVANT_ENV_PREFIXES = (
     "CUDA_", "NCCL_", "NVIDIA_", "HIP_", "ROCR_", "OMP_", "MKL_", "KMP_", "GGML_", "LLAMA_", "VLLM_", "SGLANG_",
@@ -39,43 +33,8 @@ RELEVANT_ENV_PREFIXES = (
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Redaction
+# The environment
 # --------------------------------------------------------------------------------------------------------------
-
-def is_secret_key(name: str) -> bool:
-    return bool(_SECRET_KEY.search(name))
-
-
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Copy of `env` with the values of secret-looking keys (HF_TOKEN, OPENAI_API_KEY, ...) replaced by ***."""
-    return {key: (REDACTED if is_secret_key(key) else value) for key, value in env.items()}
-
-
-def redact_command(argv: Sequence[str]) -> list[str]:
-    """Copy of `argv` with secret flag values replaced: `--api-key X`, `--api-key=X`, and `env HF_TOKEN=X ...`."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        flag, eq, _value = arg.partition("=")
-        normalized = flag.replace("_", "-").lower()
-        if normalized in SECRET_FLAGS:
-            if eq:
-                out.append(f"{flag}={REDACTED}")
-            else:
-                out.append(arg)
-                hide_next = True
-            continue
-        assignment = _ENV_ASSIGNMENT.match(arg)
-        if assignment and not arg.startswith("-") and is_secret_key(assignment.group(1)):
-            out.append(f"{assignment.group(1)}={REDACTED}")
-            continue
-        out.append(arg)
-    return out
-
 
 def relevant_env(additions: Mapping[str, str] | None = None) -> dict[str, str]:
     """The engine-relevant part of servelab's environment plus what the launch added, redacted."""

@@ -10,11 +10,15 @@ wall-clock time appears only in provenance (`started_at`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from servelab import SCHEMA_VERSION
+from servelab.redaction import redact_url
+
+# A server URL as recorded: never with the user and password it may have been given (http://u:p@h -> http://***@h).
+SafeUrl = Annotated[str, AfterValidator(redact_url)]
 
 # --------------------------------------------------------------------------------------------------------------
 # Requests, as they happened
@@ -279,7 +283,7 @@ class Summary(BaseModel):
 
 class BenchResult(BaseModel):
     schema_version: int = SCHEMA_VERSION
-    url: str
+    url: SafeUrl
     model: str
     # single, sweep (concurrency 1, 2, 4, …), and (issue 3) one concurrency level, one rate level, a rate sweep,
     # and the max-load search under SLOs.
@@ -323,7 +327,7 @@ class LintFinding(BaseModel):
 
 class LaunchResult(BaseModel):
     engine: str
-    url: str | None
+    url: SafeUrl | None
     ready_s: float | None
     phases: list[Phase] = Field(default_factory=list)
     verdict: Verdict
@@ -346,7 +350,7 @@ class CheckResult(BaseModel):
 
 class VerifyResult(BaseModel):
     schema_version: int = SCHEMA_VERSION
-    url: str
+    url: SafeUrl
     model: str | None
     checks: list[CheckResult]
 
@@ -485,7 +489,7 @@ class Diagnosis(BaseModel):
     engine: str | None = None
     pid: int | None = None
     log_path: str | None = None
-    url: str | None = None
+    url: SafeUrl | None = None
     verdict: Verdict
     phases: list[Phase] = Field(default_factory=list)
     samples: list[EvidenceSample] = Field(default_factory=list)

@@ -336,7 +336,8 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
 def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], None] | None = None
           ) -> BenchResult:
     """Run a benchmark to the end, or until Ctrl-C; either way return what was measured."""
-    state = BenchState(url=normalize_base_url(url), options=options, recorder=Recorder(on_record=on_record))
+    state = BenchState(url=normalize_base_url(url), options=options,
+                       recorder=Recorder(on_record=on_record, secrets=(options.api_key,) if options.api_key else ()))
     try:
         return aio.run(run_bench(state))
     except KeyboardInterrupt:

@@ -217,14 +217,18 @@ def _open_experiment(experiment: Experiment, options: ExperimentOptions, store: 
 
 def redacted_cell(cell: Cell) -> dict:
     """The cell's definition for cell.json, with secret flag values and secret-looking environment values
-    replaced, as provenance writes them."""
-    from servelab.provenance import redact_command, redact_env
+    replaced, as provenance writes them, and URL credentials hidden (servelab/redaction.py)."""
+    from servelab.redaction import redact_command, redact_env, redact_url
 
     doc = cell.model_dump(mode="json")
     if doc.get("extra_args"):
         doc["extra_args"] = redact_command(doc["extra_args"])
     if doc.get("env"):
         doc["env"] = redact_env(doc["env"])
+    if doc.get("url"):
+        doc["url"] = redact_url(doc["url"])
+    if doc.get("options"):
+        doc["options"] = redact_env(doc["options"])  # e.g. the command engine's url option
     return doc
 
 

@@ -12,6 +12,7 @@ import time
 
 from servelab.errors import UserError
 from servelab.records import CheckResult, VerifyResult
+from servelab.redaction import redact_text
 from servelab.verify.checks import (CHECKS, Check, CheckContext, CheckFailed, Evidence, Verdict, discover_model)
 from servelab.verify.checks.registry import DEFAULT_CONCURRENCY
 from servelab.verify.http import BadResponse, ensure_reachable, new_session, normalize_base_url
@@ -47,8 +48,11 @@ async def run_one(check: Check, ctx: CheckContext, timeout_s: float) -> CheckRes
         evidence.response_excerpt = evidence.response_excerpt or exc.excerpt
     except CheckFailed as exc:
         verdict = Verdict("fail", str(exc))
-    return CheckResult(id=check.id, title=check.title, outcome=verdict.outcome, reason=verdict.reason,
-                       request=evidence.request, response_excerpt=evidence.response_excerpt,
+    # A server may echo the key it was sent (a 401 body): it never reaches the record or the terminal.
+    secrets = (ctx.api_key,) if ctx.api_key else ()
+    return CheckResult(id=check.id, title=check.title, outcome=verdict.outcome,
+                       reason=redact_text(verdict.reason, secrets) or verdict.reason, request=evidence.request,
+                       response_excerpt=redact_text(evidence.response_excerpt, secrets),
                        duration_ms=round((time.perf_counter() - started) * 1000, 1))
 
 

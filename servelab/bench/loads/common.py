@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from servelab.bench.client import RequestSpec
 from servelab.records import RequestRecord
+from servelab.redaction import redact_text
 
 
 @dataclass
@@ -17,6 +18,9 @@ class Recorder:
     records: list[RequestRecord] = field(default_factory=list)
     on_record: Callable[[RequestRecord], None] | None = None
     next_index: int = 0
+    # Values never to keep (the API key sent): a server that echoes one in an error body has it hidden from the
+    # record's error_detail before anything reads it (records.jsonl, top errors, the terminal).
+    secrets: tuple[str, ...] = ()
 
     def take_index(self) -> int:
         i = self.next_index
@@ -24,6 +28,8 @@ class Recorder:
         return i
 
     def add(self, record: RequestRecord) -> None:
+        if record.error_detail:
+            record.error_detail = redact_text(record.error_detail, self.secrets)
         self.records.append(record)
         if self.on_record is not None:
             self.on_record(record)

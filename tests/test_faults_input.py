@@ -1,0 +1,141 @@
+"""Faults that come in with what servelab is given or answered (issue 11): secrets that must never be written or
+printed, untrusted text printed inert, hostile experiment files and datasets. Each test names its item of the
+issue; servers are local fakes (the calibration server, tests/openai_fake.py), files are real files."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from rich.console import Console
+
+from openai_fake import FakeOpenAI, error_body, serving
+from servelab.calibration import Script, start_calibration_server
+from servelab.experiment.load import parse_experiment
+from servelab.experiment.runner import ExperimentOptions, run_experiment
+from servelab.redaction import REDACTED, redact_command, redact_env, redact_text
+
+SERVELAB = [sys.executable, "-m", "servelab.cli"]
+MARK = "S3CRETMARK"  # every secret in these tests contains it: one grep finds any that leaked
+
+
+def files_with(root: Path, needle: str) -> list[str]:
+    """Every file under `root` whose bytes contain `needle` (SQLite pages, WAL and HTML included)."""
+    return [str(p) for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+
+
+@pytest.fixture(scope="module")
+def calibration():
+    with start_calibration_server(Script(output_tokens=6, ttft_ms=5, itl_ms=3)) as cal:
+        yield cal
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Secrets (items 9, 21, 22)
+# --------------------------------------------------------------------------------------------------------------
+
+def test_every_secret_flag_and_env_name_of_the_issue_is_redacted():
+    """Item 9: --admin-api-key, --api-keys, --openai-api-key, -k, --key, --bearer-token, --auth, MY_PAT, GH_PAT and
+    a password inside HTTP_PROXY are hidden; switches and look-alike flags (--max-tokens, --tokenizer,
+    --disable-auth, -kvu, PATH) are kept."""
+    argv = ["serve", "m", "--admin-api-key", "a1", "--api-keys", "a2,a3", "--openai-api-key=a4", "-k", "a5",
+            "--key", "a6", "--bearer-token", "a7", "--auth", "a8", "--disable-auth", "--max-tokens", "16",
+            "--tokenizer", "tok", "-kvu", "--proxy", "http://u:a9@proxy:3128", "--seed", "-1", "--x",
+            "sk-proj-abcdefghijklmnopqrstu"]
+    assert redact_command(argv) == [
+        "serve", "m", "--admin-api-key", REDACTED, "--api-keys", REDACTED, f"--openai-api-key={REDACTED}", "-k",
+        REDACTED, "--key", REDACTED, "--bearer-token", REDACTED, "--auth", REDACTED, "--disable-auth",
+        "--max-tokens", "16", "--tokenizer", "tok", "-kvu", "--proxy", f"http://{REDACTED}@proxy:3128", "--seed",
+        "-1", "--x", REDACTED]
+    env = {"MY_PAT": "b1", "GH_PAT": "b2", "HTTP_PROXY": "http://u:b3@proxy:3128", "PATH": "/bin",
+           "PYTHONPATH": "/src", "DB_PASSWD": "b4"}
+    assert redact_env(env) == {"MY_PAT": REDACTED, "GH_PAT": REDACTED, "HTTP_PROXY": f"http://{REDACTED}@proxy:3128",
+                               "PATH": "/bin", "PYTHONPATH": "/src", "DB_PASSWD": REDACTED}
+
+
+def test_no_secret_of_a_cell_or_its_url_reaches_any_file_or_the_terminal(tmp_path: Path, calibration):
+    """Items 9 and 21: an experiment whose launched cell has every secret flag of the issue in its command line
+    and secrets in its environment, and whose URL cell has a password in its URL, writes none of them anywhere
+    (summary.json, cell.json, records.jsonl, experiment.json, report.html, the store) nor prints one."""
+    port_arg = '"$0"'
+    launched = {
+        "name": "launched", "engine": "command", "model": "calibration",
+        "extra_args": ["sh", "-c", f"exec {sys.executable} -m servelab.calibration.server --port {port_arg}",
+                       "{port}", "--admin-api-key", f"{MARK}1", "--api-keys", f"{MARK}2", "--openai-api-key",
+                       f"{MARK}3", "-k", f"{MARK}4", "--key", f"{MARK}5", "--bearer-token", f"{MARK}6", "--auth",
+                       f"{MARK}7", "--api-key", f"{MARK}8"],
+        "env": {"MY_PAT": f"{MARK}9", "GH_PAT": f"{MARK}10", "HF_TOKEN": f"{MARK}11",
+                "HTTP_PROXY": f"http://user:{MARK}12@proxy.invalid:3128"},
+        "options": {"probe_path": "/health"}}
+    url_cell = {"name": "by-url", "url": calibration.url.replace("http://", f"http://alice:{MARK}13@")}
+    doc = {"name": "secrets", "bench": {"single_requests": 2, "max_tokens": 4, "warmup": 0, "sweep": False},
+           "verify": {"enabled": False}, "cells": [launched, url_cell]}
+    out = io.StringIO()
+    result = run_experiment(parse_experiment(json.dumps(doc), "secrets.yaml"),
+                            ExperimentOptions(out_root=tmp_path), Console(file=out, width=200))
+    assert [c.status for c in result.cells] == ["complete", "complete"], result.cells
+    summary = json.loads((Path(result.cells[0].run_dir) / "summary.json").read_text())
+    command = summary["provenance"]["command"]
+    assert command[command.index("--admin-api-key") + 1] == REDACTED  # recorded, hidden
+    assert summary["provenance"]["env"]["HTTP_PROXY"] == f"http://{REDACTED}@proxy.invalid:3128"
+    assert Path(result.report).is_file()
+    assert files_with(tmp_path, MARK) == []
+    assert MARK not in out.getvalue()
+
+
+def test_a_password_in_the_bench_url_is_neither_written_nor_printed(tmp_path: Path, calibration):
+    """Item 21: `bench http://user:secret@host` measures the server and keeps the URL without its password."""
+    url = calibration.url.replace("http://", f"http://alice:{MARK}@")
+    done = subprocess.run([*SERVELAB, "bench", url, "--requests", "2", "--max-tokens", "4", "--warmup", "0",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (summary,) = tmp_path.glob("*/summary.json")
+    assert json.loads(summary.read_text())["url"] == calibration.url.replace("http://", f"http://{REDACTED}@")
+    assert files_with(tmp_path, MARK) == []
+    assert MARK not in done.stdout + done.stderr
+
+
+def echoing_server() -> FakeOpenAI:
+    """A server that answers 401 and quotes the credentials it was sent, as some gateways do."""
+    async def deny(request: web.Request) -> web.StreamResponse:
+        header = request.headers.get("Authorization", "")
+        key = header.removeprefix("Bearer ")
+        body = error_body(f"invalid api key {key!r} (header was {header!r})", "authentication_error")
+        return web.json_response(body, status=401)
+    return FakeOpenAI(chat_route=deny, completions=deny)
+
+
+def test_a_key_the_server_echoes_is_not_recorded_or_printed(tmp_path: Path):
+    """Item 22: a server that quotes the API key back in its 401 body: the key is hidden from records.jsonl,
+    summary.json (top errors) and the terminal of bench, and from verify's reasons, excerpts and output."""
+    key = f"{MARK}-key-22"
+    with serving(echoing_server().app()) as url:
+        bench = subprocess.run([*SERVELAB, "bench", url, "--model", "fake", "--requests", "3", "--warmup", "0",
+                                "--max-tokens", "4", "--api-key", key, "--out", str(tmp_path / "bench")],
+                               capture_output=True, text=True, timeout=120)
+        verify = subprocess.run([*SERVELAB, "verify", url, "--model", "fake", "--api-key", key, "--json"],
+                                capture_output=True, text=True, timeout=120)
+        shown = subprocess.run([*SERVELAB, "verify", url, "--model", "fake", "--api-key", key],
+                               capture_output=True, text=True, timeout=120)
+    assert bench.returncode == 1, bench.stderr  # every request failed: the error gate
+    (records,) = (tmp_path / "bench").glob("*/records.jsonl")
+    details = [json.loads(line)["error_detail"] for line in records.read_text().splitlines()]
+    assert details and all("HTTP 401" in d or "401" in d or "invalid api key" in d for d in details), details
+    assert any(REDACTED in d for d in details), details  # the excerpt is kept, the key in it hidden
+    assert files_with(tmp_path, MARK) == []
+    assert MARK not in bench.stdout + bench.stderr
+    checks = json.loads(verify.stdout)["checks"]
+    assert any(c["outcome"] == "fail" and "401" in c["reason"] for c in checks)
+    assert MARK not in verify.stdout + verify.stderr + shown.stdout + shown.stderr
+
+
+def test_redact_text_hides_the_key_bearer_tokens_and_url_credentials():
+    """Item 22: the rule applied to what a server said."""
+    said = f"bad key {MARK}x; Authorization: Bearer abc.def-123; from http://u:{MARK}y@host/x"
+    assert redact_text(said, [f"{MARK}x"]) == (f"bad key {REDACTED}; Authorization: Bearer {REDACTED}; "
+                                                f"from http://{REDACTED}@host/x")
