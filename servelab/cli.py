@@ -18,12 +18,14 @@ from rich.console import Console
 
 from servelab import __version__, aio
 from servelab.errors import EngineFailed, UserError
+from servelab.textsafe import InertConsole, inert, inert_markup
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Bring LLM inference servers up, verify them, benchmark them honestly.")
-console = Console()
+# InertConsole: no text servelab prints can carry a terminal control sequence (servelab/textsafe.py).
+console = InertConsole()
 # Errors are one line each: never wrapped at the terminal width (tests and scripts read them whole).
-err_console = Console(stderr=True, soft_wrap=True)
+err_console = InertConsole(stderr=True, soft_wrap=True)
 _state = {"debug": False}
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (nothing else).")]
@@ -93,8 +95,8 @@ def up(
         render_lint(out, result.lint)
         if as_json:
             print(result.model_dump_json(indent=2), flush=True)
-        out.print(f"serving model [bold]{running.served_model}[/bold] at {running.url}  (log: {running.log_path})"
-                  f"\npress Ctrl-C to stop", highlight=False)
+        out.print(f"serving model [bold]{inert_markup(running.served_model)}[/bold] at {inert_markup(running.url)}"
+                  f"  (log: {inert_markup(running.log_path)})\npress Ctrl-C to stop", highlight=False)
         try:
             while running.alive:
                 time.sleep(0.5)
@@ -103,7 +105,7 @@ def up(
             return
         out.print(f"[red]the engine exited: {running.process.describe_exit()}[/red]")
         for line in running.process.log_tail(10):
-            out.print(f"  {line}", markup=False, highlight=False)
+            out.print(f"  {inert(line)}", markup=False, highlight=False)
         raise typer.Exit(1)
 
 
@@ -593,14 +595,15 @@ def main() -> None:
     try:
         app()
     except EngineFailed as exc:
-        err_console.print(f"[bold red]error:[/bold red] {exc.message}", highlight=False)
+        err_console.print(f"[bold red]error:[/bold red] {inert_markup(exc.message, multiline=True)}", highlight=False)
         if exc.hint:
-            err_console.print(f"hint: {exc.hint}", highlight=False)
+            err_console.print(f"hint: {inert(exc.hint, multiline=True)}", markup=False, highlight=False)
         for line in exc.log_tail:
-            err_console.print(f"  | {line}", markup=False, highlight=False)
+            err_console.print(f"  | {inert(line)}", markup=False, highlight=False)
         sys.exit(exc.exit_code)
     except UserError as exc:
-        err_console.print(f"[bold red]error:[/bold red] {exc.message}" + (f" ({exc.hint})" if exc.hint else ""),
+        err_console.print("[bold red]error:[/bold red] "
+                          + inert_markup(exc.message + (f" ({exc.hint})" if exc.hint else ""), multiline=True),
                           highlight=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
@@ -610,7 +613,7 @@ def main() -> None:
         if _state["debug"] or os.environ.get("SERVELAB_DEBUG"):
             raise
         exc_type, exc, _ = sys.exc_info()
-        err_console.print(f"[bold red]internal error:[/bold red] {exc_type.__name__}: {exc} "
+        err_console.print(f"[bold red]internal error:[/bold red] {exc_type.__name__}: {inert_markup(exc)} "
                           f"(this is a servelab bug; rerun with --debug for the traceback)", highlight=False)
         sys.exit(3)
 

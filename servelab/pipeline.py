@@ -33,6 +33,7 @@ from servelab.records import BenchResult, RequestRecord, RunSummary, Trial
 from servelab.report.live import live_launch
 from servelab.report.terminal import level_line, render_checks, render_levels, render_lint
 from servelab.store.rundir import RunDir, read_records
+from servelab.textsafe import inert, inert_markup
 from servelab.verify.runner import verify
 
 
@@ -185,7 +186,7 @@ class CellSession:
             self.console.print(Text(f"  {name:6} {level_line(level)}" + ("  ⚠ contended" if busy else ""),
                                     style="yellow" if busy else ""), highlight=False)
             for error in level.top_errors:
-                self.console.print(Text(f"         {level.tag} error: {error_line(error)}", style="red"),
+                self.console.print(Text(f"         {level.tag} error: {inert(error_line(error))}", style="red"),
                                    highlight=False)
 
     # ---- the end ----
@@ -193,7 +194,8 @@ class CellSession:
         self.failed = True
         self.summary.status = "failed"
         self.summary.error = exc.message + (f" ({exc.hint})" if exc.hint else "")
-        self.console.print(f"[bold red]cell failed:[/bold red] {self.summary.error}", highlight=False)
+        self.console.print(f"[bold red]cell failed:[/bold red] {inert_markup(self.summary.error, multiline=True)}",
+                           highlight=False)
         self.save()
 
     def finish(self) -> RunSummary:

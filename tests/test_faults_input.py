@@ -139,3 +139,87 @@ def test_redact_text_hides_the_key_bearer_tokens_and_url_credentials():
     said = f"bad key {MARK}x; Authorization: Bearer abc.def-123; from http://u:{MARK}y@host/x"
     assert redact_text(said, [f"{MARK}x"]) == (f"bad key {REDACTED}; Authorization: Bearer {REDACTED}; "
                                                 f"from http://{REDACTED}@host/x")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Untrusted text printed inert (item 8)
+# --------------------------------------------------------------------------------------------------------------
+
+# Clear the screen, set the window title, plant an OSC-8 hyperlink, and rich markup.
+EVIL = "m\x1b[2J\x1b]0;pwned\x07\x1b]8;;http://evil.invalid\x07link\x1b]8;;\x07[bold]B[/bold]\r\u202e"
+
+
+def assert_inert(output: str) -> None:
+    """No sequence of the hostile text reached the output as a control: no OSC, no clear-screen, no bell, no CR
+    overwrite, no bidi override; `[bold]` printed as text."""
+    for raw in ("\x1b]", "\x1b[2J", "\x07", "\r", "\u202e"):
+        assert raw not in output, (raw, output)
+    assert "[bold]B[/bold]" in output or "\\[bold]B" in output or "[bold]B" in output, output
+
+
+def test_inert_shows_controls_as_escapes_and_keeps_markup_as_text():
+    """Item 8: the helper itself."""
+    from servelab.textsafe import inert, inert_markup
+
+    assert inert("a\x1b[2Jb\x07\u202e") == "a\\x1b[2Jb\\x07\\u202e"
+    assert inert("line\nnext\ttab") == "line\\x0anext\\x09tab"
+    assert inert("line\nnext", multiline=True) == "line\nnext"
+    assert inert_markup("[bold]x[/bold]") == "\\[bold]x\\[/bold]"
+
+
+def test_a_hostile_model_id_from_the_server_is_printed_inert():
+    """Item 8: a server whose model id carries ANSI/OSC escapes and rich markup: verify and bench print it with
+    every control shown as an escape and `[bold]` as text, on a terminal (colours forced) and in a pipe."""
+    async def models(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"object": "list", "data": [{"id": EVIL, "object": "model"}]})
+
+    env = {**__import__("os").environ, "FORCE_COLOR": "1", "COLUMNS": "200"}
+    with serving(FakeOpenAI(models=models).app()) as url:
+        runs = [subprocess.run([*SERVELAB, "verify", url], capture_output=True, text=True, timeout=120, env=env),
+                subprocess.run([*SERVELAB, "verify", url], capture_output=True, text=True, timeout=120),
+                subprocess.run([*SERVELAB, "bench", url, "--requests", "2", "--warmup", "0", "--max-tokens", "4"],
+                               capture_output=True, text=True, timeout=120, env=env),
+                subprocess.run([*SERVELAB, "bench", url, "--model", EVIL, "--requests", "2", "--warmup", "0",
+                                "--max-tokens", "4"], capture_output=True, text=True, timeout=120)]
+    for done in runs:
+        assert done.returncode in (0, 1), done.stderr
+        assert "\\x1b" in done.stdout + done.stderr  # the id was printed, its escapes visible
+        assert_inert(done.stdout + done.stderr)
+
+
+def test_hostile_names_in_the_run_list_comparison_and_errors_are_printed_inert():
+    """Item 8: cell names, run ids, models and reasons from the store, and a UserError carrying a hostile text,
+    rendered on a forced terminal."""
+    from servelab.errors import UserError
+    from servelab.report.compare_terminal import render_runs
+    from servelab.store.runs import RunRow
+    from servelab.textsafe import InertConsole
+
+    out = io.StringIO()
+    console = InertConsole(file=out, force_terminal=True, width=200)
+    render_runs(console, [RunRow(run_id=f"exp/{EVIL}", started_at=None, status="complete", engine=EVIL, model=EVIL,
+                                 cell_name=EVIL, experiment_id=None, representative=True, decode_tok_s=1.0,
+                                 peak_output_tok_s=2.0, run_dir=None)])
+    console.print(f"plain str through the console: {EVIL}", markup=False)  # the backstop
+    assert_inert(out.getvalue())
+    assert "\x1b[" in out.getvalue()  # rich's own colours still work on a terminal
+
+    import servelab.cli as cli
+
+    err = io.StringIO()
+    cli.err_console.file = err
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            def raise_it() -> None:
+                raise UserError(f"no model {EVIL}")
+            original = cli.app
+            cli.app = raise_it
+            try:
+                cli.main()
+            finally:
+                cli.app = original
+    finally:
+        cli.err_console.file = sys.stderr
+    assert exit_info.value.code == 2
+    assert_inert(err.getvalue())
+    assert "[bold]B[/bold]" in err.getvalue()

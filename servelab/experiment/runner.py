@@ -34,6 +34,7 @@ from servelab.store.experiments import (CellState, cell_states, finish_experimen
                                         record_cell, start_experiment)
 from servelab.store.rundir import read_records
 from servelab.store.runs import load_run, save_run
+from servelab.textsafe import inert_markup
 
 ResumeMode = Literal["auto", "require", "never"]
 
@@ -110,7 +111,7 @@ def _run(experiment: Experiment, options: ExperimentOptions, store: Store, conso
         key = experiment.cell_key(cell)
         done = states.get(key)
         if done is not None and done.status == "complete" and done.run_id:
-            console.rule(f"cell {cell.name}: complete in {done.run_id}, skipped")
+            console.rule(inert_markup(f"cell {cell.name}: complete in {done.run_id}, skipped"))
             continue
         run_dir = _new_dir(out_dir, _slug(cell.name))
         run_id = f"{out_dir.name}/{run_dir.name}"
@@ -160,7 +161,7 @@ def _run_schedule(experiment: Experiment, sessions: dict[str, tuple[int, str, Ce
     if experiment.servers == "all-up":
         for name in names:
             seq, _, session = sessions[name]
-            console.rule(f"[bold]cell {seq + 1}/{total}: {name}[/bold]")
+            console.rule(f"[bold]cell {seq + 1}/{total}: {inert_markup(name)}[/bold]")
             session.start()
             saved(name)
     schedule = trial_schedule(names, experiment.trials, experiment.order, experiment.seed)
@@ -173,7 +174,8 @@ def _run_schedule(experiment: Experiment, sessions: dict[str, tuple[int, str, Ce
             if up is not None:
                 up.stop()
             up = session
-        heading = f"cell {seq + 1}/{total}: {name}" + (f", trial {trial + 1}/{experiment.trials}" if many else "")
+        heading = inert_markup(f"cell {seq + 1}/{total}: {name}"
+                               + (f", trial {trial + 1}/{experiment.trials}" if many else ""))
         if not session.running or experiment.servers == "one-at-a-time" and not many:
             console.rule(f"[bold]{heading}[/bold]")
         elif many:

@@ -9,6 +9,7 @@ from rich.text import Text
 from servelab.compare.compare import Comparison
 from servelab.report.terminal import fmt
 from servelab.store.runs import RunRow
+from servelab.textsafe import inert, inert_markup
 
 _VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "within noise": "dim", "no interval": "yellow",
                   "inconsistent": "yellow", "contended": "yellow", "missing": "dim", "baseline": "dim"}
@@ -20,13 +21,13 @@ def _digits(unit: str) -> int:
 
 
 def render_comparison(console: Console, comparison: Comparison) -> None:
-    table = Table(title=f"comparison (baseline: {comparison.baseline})", title_justify="left")
+    table = Table(title=inert_markup(f"comparison (baseline: {comparison.baseline})"), title_justify="left")
     table.add_column("figure")
     for run in comparison.runs:
         label = run.name + (" (literal)" if run.literal else "") + ("" if run.representative else " ⚠")
-        table.add_column(label, justify="right", overflow="fold")
+        table.add_column(inert_markup(label), justify="right", overflow="fold")
     for row in comparison.rows:
-        cells = [Text(row.label + (" ↑" if row.higher_is_better else " ↓"))]
+        cells = [Text(row.label + ("" if row.neutral else " ↑" if row.higher_is_better else " ↓"))]
         for fig, ratio in zip(row.figures, row.ratios):
             if fig.value is None:
                 cells.append(Text("–", style="dim"))
@@ -46,17 +47,17 @@ def render_comparison(console: Console, comparison: Comparison) -> None:
     console.print(Text(f"  ↑ higher is better, ↓ lower is better; [..] 95 % intervals; {comparison.method}",
                        style="dim"))
     for warning in comparison.warnings:
-        console.print(Text(f"  warning: {warning}", style="yellow"))
+        console.print(Text(f"  warning: {inert(warning)}", style="yellow"))
     if comparison.verdicts:
         console.rule("verdict")
         for sentence in comparison.verdicts:
             style = "bold red" if "NOT REPRESENTATIVE" in sentence else "bold"
-            console.print(Text(f"  {sentence}", style=style))
+            console.print(Text(f"  {inert(sentence)}", style=style))
 
 
 def render_experiment(console: Console, result) -> None:
     """The cells of an experiment and how each ended."""
-    table = Table(title=f"experiment {result.name} ({result.experiment_id})", title_justify="left")
+    table = Table(title=inert_markup(f"experiment {result.name} ({result.experiment_id})"), title_justify="left")
     for col in ("cell", "status", "run", "single decode tok/s", "peak output tok/s", "reason"):
         table.add_column(col, overflow="fold")
     summaries = {s.run_id: s for s in result.runs}
@@ -66,9 +67,10 @@ def render_experiment(console: Console, result) -> None:
         status = cell.status + (" (earlier)" if cell.skipped else "")
         decode = head.get("single.decode_tok_s")
         peak = head.get("peak.output_tok_s")
-        table.add_row(cell.name, Text(status, style=_STATUS_STYLE.get(cell.status, "")), cell.run_id or "–",
-                      fmt(decode.value if decode else None), fmt(peak.value if peak else None),
-                      (cell.reason or "").splitlines()[0] if cell.reason else "")
+        table.add_row(Text(inert(cell.name)), Text(status, style=_STATUS_STYLE.get(cell.status, "")),
+                      Text(inert(cell.run_id or "–")), fmt(decode.value if decode else None),
+                      fmt(peak.value if peak else None),
+                      Text(inert((cell.reason or "").splitlines()[0])) if cell.reason else "")
     console.print(table)
 
 
@@ -77,8 +79,9 @@ def render_runs(console: Console, rows: list[RunRow]) -> None:
     for col in ("run", "cell", "status", "engine", "model", "single decode tok/s", "peak output tok/s", "note"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r.run_id, r.cell_name or "", Text(r.status, style=_STATUS_STYLE.get(r.status, "")),
-                      r.engine or "", r.model or "", fmt(r.decode_tok_s), fmt(r.peak_output_tok_s),
+        table.add_row(Text(inert(r.run_id)), Text(inert(r.cell_name or "")),
+                      Text(r.status, style=_STATUS_STYLE.get(r.status, "")), Text(inert(r.engine or "")),
+                      Text(inert(r.model or "")), fmt(r.decode_tok_s), fmt(r.peak_output_tok_s),
                       Text("not representative", style="red") if not r.representative else "")
     console.print(table)
     if not rows:
@@ -89,12 +92,13 @@ def render_show(console: Console, run) -> None:
     """`servelab show RUN`: one run, as `servelab run` printed it."""
     from servelab.report.terminal import render_checks, render_headline, render_levels, render_lint
 
-    console.rule(f"run {run.ref}" + (f" (cell {run.name})" if run.name != run.ref else "") + f": {run.status}")
+    console.rule(inert_markup(f"run {run.ref}" + (f" (cell {run.name})" if run.name != run.ref else "")
+                              + f": {run.status}"))
     if run.error:
-        console.print(Text(f"failed: {run.error}", style="bold red"))
+        console.print(Text(f"failed: {inert(run.error, multiline=True)}", style="bold red"))
     if run.launch is not None:
-        console.print(f"launch: {run.launch.engine} {run.launch.verdict.state} ({run.launch.verdict.reason})",
-                      highlight=False)
+        console.print(Text(inert(f"launch: {run.launch.engine} {run.launch.verdict.state} "
+                                 f"({run.launch.verdict.reason})")))
         render_lint(console, run.launch.lint)
     if run.verify is not None:
         render_checks(console, run.verify)
@@ -103,7 +107,7 @@ def render_show(console: Console, run) -> None:
     render_headline(console, run.headline, title="headline", not_representative=bool(run.serious))
     prov = run.provenance
     if prov is not None:
-        console.print(f"engine: {prov.engine_version or prov.engine}   model: {prov.model_path or prov.model}",
-                      highlight=False)
+        console.print(Text(inert(f"engine: {prov.engine_version or prov.engine}   "
+                                 f"model: {prov.model_path or prov.model}")))
         if prov.command:
-            console.print(Text(f"command: {' '.join(prov.command)}", style="dim"))
+            console.print(Text(f"command: {inert(' '.join(prov.command))}", style="dim"))

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from servelab.bench.failures import error_line
 from servelab.records import BenchResult, CheckResult, Figure, LintFinding, RunSummary, Summary, VerifyResult
+from servelab.textsafe import inert, inert_markup
 
 _OUTCOME_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
 _SEVERITY_STYLE = {"serious": "bold red", "warn": "yellow", "info": "dim"}
@@ -53,7 +54,8 @@ def sent_cell(s: Summary, label: str = "") -> str:
 
 
 def render_levels(console: Console, result: BenchResult) -> None:
-    table = Table(title=f"{result.mode} bench {result.url} (model {result.model})", title_justify="left")
+    table = Table(title=inert_markup(f"{result.mode} bench {result.url} (model {result.model})"),
+                  title_justify="left")
     for col in ("level", "ok/sent", "output tok/s", "req/s", "decode tok/s p50", "TTFT ms p50", "TTFT p99",
                 "ITL ms p50", "ITL p99", "E2E ms p50"):
         table.add_column(col, justify="right")
@@ -75,7 +77,7 @@ def render_levels(console: Console, result: BenchResult) -> None:
             console.print(Text(f"  {s.tag}: {w}", style="yellow"))
     for s in result.levels:  # the most common errors, with the first response's excerpt (docs/metrics.md#errors)
         for e in s.top_errors:
-            console.print(Text(f"  {s.tag} error: {error_line(e)}", style="red"))
+            console.print(Text(f"  {s.tag} error: {inert(error_line(e))}", style="red"))
     counted = {s.figures["output_tok_s"].counted_by for s in result.levels} - {None}
     if counted:
         console.print(Text(f"  tokens counted by: {', '.join(sorted(counted))}", style="dim"))
@@ -144,7 +146,8 @@ def render_run(console: Console, summary: RunSummary, run_path: str) -> None:
     render_headline(console, summary.headline, title=f"servelab run {summary.run_id} ({summary.status})",
                     not_representative=serious)
     prov = summary.provenance
-    console.print(f"engine: {prov.engine_version or prov.engine}   model: {prov.model_path or prov.model}")
+    console.print(Text(inert(f"engine: {prov.engine_version or prov.engine}   "
+                             f"model: {prov.model_path or prov.model}")))
     if prov.host:
         console.print(f"host: {prov.host.cpu_model} ({prov.host.cpu_cores_logical} CPUs), "
                       f"{(prov.host.ram_bytes or 0) / 2**30:.0f} GiB RAM"
