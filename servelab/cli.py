@@ -432,7 +432,11 @@ def doctor_cmd(
     stacks: Annotated[bool, typer.Option("--stacks", help="Add Python stack dumps (needs py-spy).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Diagnose a server servelab did not start: starting, loading, ready, stalled or crashed, with the evidence."""
+    """Diagnose a server servelab did not start: starting, loading, ready, stalled or crashed, with the evidence.
+
+    Any one of --pid, --url, --log will do: the URL is found from the process's listening sockets, the process
+    from a local URL's port, the log from the process's output file. Exit 1 when it is stalled, crashed, not
+    running (nothing listens at the URL, nothing else to look at) or there is no such process."""
     from servelab.lifecycle.doctor import diagnose
     from servelab.report.doctor import render_diagnosis
 
@@ -441,7 +445,7 @@ def doctor_cmd(
         print(result.model_dump_json(indent=2))
     else:
         render_diagnosis(console, result)
-    if result.verdict.state in ("stalled", "crashed"):
+    if result.verdict.state in ("stalled", "crashed", "not running", "no such process"):
         raise typer.Exit(1)
 
 

@@ -310,7 +310,8 @@ class Phase(BaseModel):
     detail: str | None = None
 
 
-VerdictState = Literal["starting", "loading", "ready", "stalled", "crashed"]
+# "not running" and "no such process" are doctor's: nothing listens and nothing to look at; a pid with no process.
+VerdictState = Literal["starting", "loading", "ready", "stalled", "crashed", "not running", "no such process"]
 
 
 class Verdict(BaseModel):

@@ -117,9 +117,11 @@ class StartupJudge:
         after_ready_line = ready_line_s is not None
         budget = self.budget_s(phase, after_ready_line)
         quiet = self.quiet_s(now_s)
+        # An ETA from the pace so far means nothing once nothing moves: it would only grow. Unknown, then.
+        eta = eta_s(progress, now_s - phase_start_s) if quiet < RECENT_S else None
         evidence: dict[str, Any] = {
             "phase": phase, "phase_elapsed_s": round(now_s - phase_start_s, 1), "progress": progress,
-            "eta_s": _round(eta_s(progress, now_s - phase_start_s)), "probe": probe,
+            "eta_s": _round(eta), "probe": probe,
             "quiet_s": round(quiet, 1), "budget_s": round(budget, 1),
             # "Recently" is shorter than the budget, so a stalled verdict never names a signal as moving.
             "moving": [SIGNAL_WORDS[m] for m in self.moving(now_s, min(RECENT_S, budget / 2))],
@@ -141,6 +143,16 @@ class StartupJudge:
                            evidence=evidence)
         return Verdict(state="loading", reason=_loading_words(phase, progress, evidence, sample),
                        evidence=evidence)
+
+
+def eta_words(evidence: dict[str, Any], stalled: bool = False) -> str:
+    """"ETA 40 s", or why there is none: "ETA unknown: nothing moved for 12 s" ("stalled for" once declared)."""
+    if evidence.get("eta_s") is not None:
+        return f"ETA {evidence['eta_s']:.0f} s"
+    quiet = evidence.get("quiet_s")
+    if quiet is not None and quiet >= RECENT_S:
+        return f"ETA unknown: {'stalled' if stalled else 'nothing moved'} for {quiet:.0f} s"
+    return "ETA unknown"
 
 
 def crashed_verdict(returncode: int | None, phase: str, log_tail: list[str], failure_line: str | None = None,
@@ -176,6 +188,8 @@ def _readable(signal: str, s: EvidenceSample | None) -> bool:
     process) is not worth naming."""
     if s is None:
         return True
+    if signal == "log":
+        return s.log_bytes is not None  # doctor without a log has no lines to count
     if signal == "progress":
         return s.progress is not None
     if signal == "gpu_memory":
@@ -212,9 +226,7 @@ def _threads_words(s: EvidenceSample | None) -> str:
 def _loading_words(phase: str, progress: float | None, evidence: dict[str, Any], s: EvidenceSample | None) -> str:
     text = phase
     if progress is not None:
-        text += f" {progress * 100:.0f}%"
-        if evidence.get("eta_s") is not None:
-            text += f" (ETA {evidence['eta_s']:.0f} s)"
+        text += f" {progress * 100:.0f}%" + (f" ({eta_words(evidence)})" if progress < 1 else "")
     moving = evidence["moving"]
     text += "; moving: " + (", ".join(moving) if moving else f"nothing for {evidence['quiet_s']:.0f} s "
                                                               f"(budget {evidence['budget_s']:.0f} s)")

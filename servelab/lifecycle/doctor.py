@@ -1,14 +1,20 @@
 """`servelab doctor`: one diagnosis for a server servelab did not start, from any of its pid, its log and its URL.
 
 It watches for a few seconds (evidence samples, new log lines, the readiness probe) and judges with the same
-rules as start-up (lifecycle/diagnose.py). What it cannot see from outside it says: without a pid there are no
-process counters; without a URL readiness rests on the log alone. Before the window it only knows when the log
-was last written, so a stall is declared when the log has been silent for the phase's budget *and* nothing moved
-during the window (the assumption is named in the evidence).
+rules as start-up (lifecycle/diagnose.py). It fills in what it was not given where the host can tell it: the URL
+from the process tree's listening sockets (`--pid` alone), the process from whoever listens on a local URL's port
+(`--url` alone), and the log from the process's stdout/stderr when they are a file. A server whose readiness probe
+answers 200, or that lists its models at /v1/models, is ready whatever its log says. Nothing listening at the URL
+and no process or log to look at is "not running"; a pid with no process and no log is "no such process".
+What it still cannot see it says: without a pid there are no process counters; without a log no phase. Before the
+window it only knows when the log was last written, so a stall is declared when the log has been silent for the
+phase's budget *and* nothing moved during the window (the assumption is named in the evidence); without a log the
+window alone must cover the budget.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -31,7 +37,10 @@ from servelab.records import Diagnosis, Verdict
 
 PY_SPY_INSTALL = "pip install py-spy (then run as root or with ptrace permission)"
 STACKS_MAX_PROCESSES = 9  # the root and 8 ranks
+NO_LOG_PHASE = "unknown (no log)"  # the phase when there is no log to read it from
+MODELS_PATH = "/v1/models"
 _SPEED = re.compile(r"--speed[= ](\d+(?:\.\d+)?)")
+_LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
 
 
 class _Generic(EngineAdapter):
@@ -48,11 +57,36 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
     if log is not None and not Path(log).is_file():
         raise UserError(f"log file {log} does not exist")
     url = url.rstrip("/") if url else None
-    cmdline = _cmdline(pid) if pid is not None else None
-    adapter = _identify(engine, cmdline, url, log)
     notes: list[str] = []
+    cmdline = _cmdline(pid) if pid is not None else None
     if pid is not None and cmdline is None:
-        return _gone(adapter, pid, log, url)
+        if log is not None:  # the log says it ran: it has exited
+            return _gone(_identify(engine, None, url, log), pid, log, url)
+        if url is None:
+            return _no_such_process(pid)
+        notes.append(f"no live process with pid {pid}: judged by the URL alone")
+    # What was not given, from the host: the URL from the tree's listening sockets, the pid from a local URL's
+    # listener, the log from the process's stdout/stderr.
+    live_pid = pid if cmdline is not None else None
+    candidates: list[str] = []
+    if url is None and live_pid is not None:
+        candidates = listening_urls(live_pid)
+        if not candidates:
+            notes.append(f"pid {live_pid} listens on no TCP port (yet): no readiness probe")
+    if live_pid is None and url is not None and pid is None:
+        found = _listener_of(url)
+        if found is not None:
+            live_pid, cmdline = found, _cmdline(found)
+            notes.append(f"pid {found} found listening on the URL's port")
+    if log is None and live_pid is not None:
+        log = output_file(live_pid)
+        if log is not None:
+            notes.append(f"log found as the process's output: {log}")
+    adapter = _identify(engine, cmdline, url or (candidates[0] if candidates else None), log)
+    if url is None and candidates:
+        url = _pick_url(adapter, candidates)
+        notes.append(f"URL {url} found from the process's listening sockets"
+                     + (f" (of {', '.join(candidates)})" if len(candidates) > 1 else ""))
 
     tracker = PhaseTracker(adapter)
     counters = LogCounters()
@@ -65,7 +99,7 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
         tailer = LogTailer(Path(log), start_offset=os.stat(log).st_size)
         notes.append(f"log last written {log_age_s:.0f} s ago")
 
-    sampler = EvidenceSampler(pid, Path(log) if log else None)
+    sampler = EvidenceSampler(live_pid, Path(log) if log else None)
     before = -(log_age_s or 0.0)  # assumed: nothing moved between the last log write and the window
     judge = StartupJudge(adapter, None, None, t0_s=before)
     t0 = time.monotonic()
@@ -81,15 +115,16 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
                 tracker.feed_partial(tailer.pending(), now)
             if url is not None:
                 probe_state, probe_status = _probe(adapter, url)
-            counters.phase, counters.progress = tracker.current.name, tracker.current.progress
+            counters.phase = tracker.current.name if log is not None else NO_LOG_PHASE
+            counters.progress = tracker.current.progress
             sample = sampler.sample(now, counters, probe_state)
             if url is not None:
                 sample.port = "closed" if probe_state == "down" else "open"
             judge.observe(sample)
-            if pid is not None and not _alive(pid):
-                return _gone(adapter, pid, log, url, samples=sampler.samples)
-            if now >= seconds:
-                break
+            if live_pid is not None and not _alive(live_pid):
+                return _gone(adapter, live_pid, log, url, samples=sampler.samples)
+            if probe_state == "ready" or now >= seconds:
+                break  # a ready answer is the verdict: no need to watch the rest of the window
             time.sleep(interval_s)
     finally:
         sampler.close()
@@ -98,22 +133,37 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
 
     now = time.monotonic() - t0
     current = tracker.current
-    if probe_state == "ready":
-        verdict = Verdict(state="ready", reason=f"GET {adapter.probe_path} answered {probe_status}"
+    models = _models(url) if url is not None and probe_state not in (None, "down") else None
+    if probe_state == "ready" or (probe_state == "unknown" and models):
+        why = (f"GET {adapter.probe_path} answered {probe_status}" if probe_state == "ready"
+               else f"GET {MODELS_PATH} lists {len(models or [])} model(s) (GET {adapter.probe_path} answered "
+                    f"{probe_status})")
+        verdict = Verdict(state="ready", reason=why
+                          + (f"; serving {', '.join(models[:3])}" if models and probe_state == "ready" else "")
                           + ("; the log's ready line is there too" if tracker.ready_line_s is not None else "")
                           + "; idle threads are normal for a server waiting for requests",
-                          evidence={"probe_status": probe_status, **_facts(sampler)})
+                          evidence={"probe_status": probe_status, "models": models, **_facts(sampler)})
+    elif probe_state == "down" and live_pid is None and log is None:
+        verdict = Verdict(state="not running",
+                          reason=f"nothing listens at {url} (connection refused) and there is no process or log to "
+                                 f"look at; if it is still loading (SGLang opens its port only when ready), give "
+                                 f"--pid or --log",
+                          evidence={"probe": "down", "url": url})
     elif tracker.ready_line_s is not None and url is None:
         verdict = Verdict(state="ready", reason="the log says ready (its ready line is there); give --url to "
                                                 "confirm with the readiness probe",
                           evidence={"probe": None, **_facts(sampler)})
     else:
-        verdict = judge.verdict(now, phase=current.name, phase_start_s=before, progress=current.progress,
+        phase = current.name if log is not None else NO_LOG_PHASE
+        verdict = judge.verdict(now, phase=phase, phase_start_s=before, progress=current.progress,
                                 probe=probe_state, ready_line_s=tracker.ready_line_s, last_line=tracker.last_line)
         verdict.evidence["window_s"] = round(now, 1)
         if log_age_s is not None:
             verdict.evidence["assumed"] = ("counters were as still before the window as during it, back to the "
                                            "log's last write")
+        elif verdict.state != "stalled":
+            verdict.evidence["assumed"] = ("no log: the phase is unknown, and a stall needs the window itself "
+                                           f"(--seconds) to cover the budget ({verdict.evidence['budget_s']:.0f} s)")
     if tracker.last_line:
         verdict.evidence["last_line"] = tracker.last_line
 
@@ -122,12 +172,95 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
                     log_lines_for_lint(Path(log)) if log else [])
     stack_text = None
     if stacks:
-        stack_text, note = py_spy_dump(pid, sampler)
+        stack_text, note = py_spy_dump(live_pid, sampler)
         if note:
             notes.append(note)
-    return Diagnosis(engine=adapter.name if not isinstance(adapter, _Generic) else None, pid=pid,
+    return Diagnosis(engine=adapter.name if not isinstance(adapter, _Generic) else None, pid=pid or live_pid,
                      log_path=str(log) if log else None, url=url, verdict=verdict, phases=tracker.phases,
                      samples=sampler.samples, lint=lint, stacks=stack_text, notes=notes)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What the host can tell: listening sockets, the listener of a port, the process's output file
+# --------------------------------------------------------------------------------------------------------------
+
+def listening_urls(pid: int) -> list[str]:
+    """http://HOST:PORT for each TCP port the process tree listens on, lowest port first (a wildcard address is
+    reached on loopback)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    found: dict[int, str] = {}
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        for c in conns:
+            if c.status != psutil.CONN_LISTEN or not c.laddr:
+                continue
+            host = c.laddr.ip
+            if host in ("0.0.0.0", ""):
+                host = "127.0.0.1"
+            elif host == "::":
+                host = "::1"
+            found.setdefault(c.laddr.port, f"[{host}]" if ":" in host else host)
+    return [f"http://{host}:{port}" for port, host in sorted(found.items())]
+
+
+def _listener_of(url: str) -> int | None:
+    """The one process listening on a local URL's port (None: not local, nobody, several, or hidden from us)."""
+    from servelab.bench.environment import listening_pids, url_port
+
+    host, port = url_port(url)
+    if host not in _LOCAL_HOSTS or port is None:
+        return None
+    listener = listening_pids(port)
+    return listener.pids[0] if len(listener.pids) == 1 else None
+
+
+def output_file(pid: int) -> Path | None:
+    """The regular file the process's stderr (else stdout) is written to: an engine started with its output
+    redirected to a log (nohup, `> log 2>&1`, servelab's own supervisor). None for a terminal, a pipe, or a
+    process we may not look into."""
+    for fd in (2, 1):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/") and not target.startswith("/dev/") and Path(target).is_file():
+            return Path(target)
+    return None
+
+
+def _pick_url(adapter: EngineAdapter, candidates: list[str]) -> str:
+    """Of several listening ports, the one whose readiness probe or model list answers (ready first)."""
+    readings = []
+    for candidate in candidates:
+        state, _ = _probe(adapter, candidate)
+        if state == "ready":
+            return candidate
+        readings.append((state, candidate))
+    for state, candidate in readings:
+        if state == "loading" or _models(candidate):
+            return candidate
+    return candidates[0]
+
+
+def _models(url: str) -> list[str] | None:
+    """The model ids /v1/models lists; None when it does not answer with a list."""
+    try:
+        status, body = http_get(url, MODELS_PATH, PROBE_TIMEOUT_S, max_bytes=256 * 1024)
+        if status != 200:
+            return None
+        data = json.loads(body).get("data")
+    except Exception:  # refused, reset, not JSON, not an object: not a model list
+        return None
+    if not isinstance(data, list):
+        return None
+    return [str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id") is not None]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -157,8 +290,6 @@ def _by_cmdline(cmdline: list[str] | None) -> EngineAdapter | None:
 def _by_fingerprint(url: str | None) -> EngineAdapter | None:
     if not url:
         return None
-    import json
-
     for cls in REGISTRY.values():
         adapter = cls()
         if not adapter.fingerprint_path:
@@ -242,6 +373,14 @@ def _gone(adapter: EngineAdapter, pid: int, log: Path | None, url: str | None, s
     return Diagnosis(engine=adapter.name if not isinstance(adapter, _Generic) else None, pid=pid,
                      log_path=str(log) if log else None, url=url, verdict=verdict, samples=samples or [],
                      notes=["check `dmesg` for an OOM kill if it died during start-up"])
+
+
+def _no_such_process(pid: int) -> Diagnosis:
+    verdict = Verdict(state="no such process",
+                      reason=f"there is no process with pid {pid}: it never existed, or it exited and its parent "
+                             f"reaped it (give --log to tell which, --url to ask the server itself)",
+                      evidence={"pid": pid})
+    return Diagnosis(pid=pid, verdict=verdict)
 
 
 def py_spy_dump(pid: int | None, sampler: EvidenceSampler) -> tuple[str | None, str | None]:

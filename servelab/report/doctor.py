@@ -2,15 +2,45 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 
 from servelab.records import Diagnosis
+from servelab.report.tables import human_bytes
 
-_STYLE = {"starting": "dim", "loading": "cyan", "ready": "green", "stalled": "bold red", "crashed": "bold red"}
-_SHOWN = ("phase", "progress", "eta_s", "probe", "probe_status", "quiet_s", "budget_s", "moving", "still_for_s",
-          "threads", "thread_states", "threads_in_futex", "processes", "processes_exited", "cpu_s", "read_bytes",
-          "read_chars", "rss_bytes", "gpu_memory_bytes", "gpu_util_percent", "exit_code", "exit_signal",
-          "engine_says", "hint", "last_line", "window_s", "assumed")
+_STYLE = {"starting": "dim", "loading": "cyan", "ready": "green", "stalled": "bold red", "crashed": "bold red",
+          "not running": "bold red", "no such process": "bold red"}
+# Evidence keys as a person reads them, in the order shown (docs: the JSON keeps the keys).
+_SHOWN = {"models": "models listed", "phase": "phase", "progress": "progress", "eta_s": "ETA", "probe": "probe",
+          "probe_status": "probe HTTP status", "quiet_s": "nothing moved for", "budget_s": "stall budget",
+          "moving": "moving", "still_for_s": "still for", "threads": "threads", "thread_states": "thread states",
+          "threads_in_futex": "threads in futex waits", "processes": "processes",
+          "processes_exited": "processes exited", "cpu_s": "CPU time", "read_bytes": "read from storage",
+          "read_chars": "read() in all", "rss_bytes": "RSS", "gpu_memory_bytes": "GPU memory",
+          "gpu_util_percent": "GPU utilisation", "exit_code": "exit code", "exit_signal": "signal",
+          "engine_says": "engine says", "hint": "hint", "last_line": "last log line", "window_s": "watched for",
+          "assumed": "assumed"}
+_LABEL_WIDTH = max(len(label) for label in _SHOWN.values())
+
+
+def shown_value(key: str, value: Any) -> str:
+    """One evidence value in words: bytes in MB/GB, seconds with their unit, dicts and lists as lists."""
+    if (key.endswith("_bytes") or key == "read_chars") and isinstance(value, (int, float)):
+        return human_bytes(value)
+    if key == "progress" and isinstance(value, (int, float)):
+        return f"{value * 100:.0f} %"
+    if key == "gpu_util_percent" and isinstance(value, (int, float)):
+        return f"{value:.0f} %"
+    if key == "still_for_s" and isinstance(value, dict):
+        return ", ".join(f"{k} {v:.1f} s" for k, v in value.items())
+    if key.endswith("_s") and isinstance(value, (int, float)):
+        return f"{value:.1f} s"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return str(value)
 
 
 def render_diagnosis(console: Console, d: Diagnosis) -> None:
@@ -19,14 +49,14 @@ def render_diagnosis(console: Console, d: Diagnosis) -> None:
     console.print(f"[bold]{who}[/bold]", highlight=False)
     style = _STYLE.get(d.verdict.state, "")
     console.print(f"[{style}]{d.verdict.state.upper()}[/{style}]  {d.verdict.reason}", highlight=False)
-    for key in _SHOWN:
+    for key, label in _SHOWN.items():
         value = d.verdict.evidence.get(key)
         if value not in (None, [], {}, ""):
-            console.print(f"  {key:18} {value}", markup=False, highlight=False)
+            console.print(f"  {label:{_LABEL_WIDTH}} {shown_value(key, value)}", markup=False, highlight=False)
     for line in d.verdict.evidence.get("log_tail", [])[-5:]:
         console.print(f"  | {line}", markup=False, highlight=False)
     if d.phases and len(d.phases) > 1:
-        console.print("  phases seen        " + " → ".join(p.name for p in d.phases), markup=False,
+        console.print(f"  {'phases seen':{_LABEL_WIDTH}} " + " → ".join(p.name for p in d.phases), markup=False,
                       highlight=False)
     for finding in d.lint:
         colour = {"serious": "red", "warn": "yellow"}.get(finding.severity, "dim")

@@ -1,0 +1,168 @@
+"""`servelab doctor` with less than a log: a ready server by its URL alone or its pid alone, a URL nobody serves,
+a pid that does not exist, and the replayed SGLang start-up loading and hung, judged without being given its log.
+
+The servers are real processes: the calibration server (a ready OpenAI-compatible server) and the replay engine
+(servelab/engines/replay.py), started here as a user would start them, outside servelab's supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from servelab.lifecycle.doctor import diagnose, listening_urls, output_file
+from servelab.lifecycle.ports import free_port
+from servelab.models import resolve_model
+
+PY = sys.executable
+SERVELAB = [PY, "-m", "servelab.cli"]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    for child in psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []:
+        child.kill()
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture
+def ready_server():
+    """The calibration server on a free port: (process, url)."""
+    proc = subprocess.Popen([PY, "-m", "servelab.calibration.server", "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()  # "LISTENING host port"
+        _, host, port = line.split()
+        yield proc, f"http://{host}:{port}"
+    finally:
+        stop(proc)
+
+
+def replay(tmp_path: Path, *, speed: float, variant: str = "normal", log: Path | None = None) -> subprocess.Popen:
+    """The replayed SGLang tp=8 start-up, its output to `log` (or nowhere: no log to find)."""
+    port = free_port()
+    out = open(log, "wb") if log else subprocess.DEVNULL
+    try:
+        return subprocess.Popen([PY, "-m", "servelab.engines.replay", "--script", "sglang-tp8", "--speed", str(speed),
+                                 "--variant", variant, "--port", str(port), "--model-file",
+                                 str(resolve_model("smollm2").path)], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    finally:
+        if log:
+            out.close()
+
+
+def wait_until_reading(proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    """Until the replay reads its model file: it is loading weights."""
+    deadline = time.monotonic() + timeout_s
+    first = psutil.Process(proc.pid).io_counters().read_chars
+    while time.monotonic() < deadline:
+        if psutil.Process(proc.pid).io_counters().read_chars > first + 4 * 2**20:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the replay never started loading weights")
+
+
+def doctor_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*SERVELAB, "doctor", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_a_ready_server_by_its_url_alone_is_ready_whatever_its_log_says(ready_server, tmp_path):
+    proc, url = ready_server
+    d = diagnose(url=url, seconds=1)
+    assert d.verdict.state == "ready", d.verdict.reason
+    assert d.verdict.evidence["models"] == ["calibration"]
+    assert d.pid == proc.pid  # the listener of the URL's port
+    # A log that says the server is still loading weights changes nothing: it answers, it is ready.
+    log = tmp_path / "stale.log"
+    log.write_text("[2026-11-29 14:00:10 TP0] Load weight begin. avail mem=138.72 GB\n")
+    d = diagnose(url=url, log=log, seconds=1)
+    assert d.verdict.state == "ready" and "GET /health answered 200" in d.verdict.reason
+
+
+def test_a_ready_server_by_its_pid_alone_is_found_on_its_listening_port(ready_server):
+    proc, url = ready_server
+    assert listening_urls(proc.pid) == [url]
+    d = diagnose(pid=proc.pid, seconds=1)
+    assert d.verdict.state == "ready", d.verdict.reason
+    assert d.url == url
+    assert any("found from the process's listening sockets" in n for n in d.notes)
+    done = doctor_cli("--pid", str(proc.pid), "--seconds", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[1].startswith("READY")
+    assert "models listed" in done.stdout and "calibration" in done.stdout
+
+
+def test_a_url_nobody_serves_is_not_running_and_exits_1():
+    url = f"http://127.0.0.1:{free_port()}"
+    done = doctor_cli("--url", url, "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    d = json.loads(done.stdout)
+    assert d["verdict"]["state"] == "not running" and "connection refused" in d["verdict"]["reason"]
+    human = doctor_cli("--url", url)
+    assert human.returncode == 1 and "NOT RUNNING" in human.stdout
+
+
+def test_a_pid_that_does_not_exist_is_no_such_process_and_exits_1():
+    pid = 4_000_000  # above the kernel's pid_max ceiling (2^22): never a process
+    done = doctor_cli("--pid", str(pid))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "NO SUCH PROCESS" in done.stdout and f"pid {pid}" in done.stdout
+    assert "CRASHED" not in done.stdout and "STARTING" not in done.stdout
+
+
+def test_the_replay_loading_by_pid_alone_its_log_found_from_its_output(tmp_path):
+    log = tmp_path / "sglang.log"
+    proc = replay(tmp_path, speed=20, log=log)
+    try:
+        wait_until_reading(proc)
+        assert output_file(proc.pid) == log
+        d = diagnose(pid=proc.pid, seconds=2)
+    finally:
+        stop(proc)
+    assert d.engine == "replay-sglang" and d.log_path == str(log)
+    assert d.verdict.state == "loading", d.verdict.reason
+    assert d.verdict.evidence["phase"] == "loading weights" and d.verdict.evidence["progress"] is not None
+    assert any("listens on no TCP port" in n for n in d.notes)  # SGLang's port stays closed while it loads
+
+
+def test_the_replay_loading_without_any_log_is_loading_from_its_counters(tmp_path):
+    proc = replay(tmp_path, speed=20)
+    try:
+        wait_until_reading(proc)
+        assert output_file(proc.pid) is None  # its output goes nowhere
+        d = diagnose(pid=proc.pid, seconds=2)
+    finally:
+        stop(proc)
+    assert d.log_path is None
+    assert d.verdict.state == "loading", d.verdict.reason
+    assert d.verdict.evidence["phase"] == "unknown (no log)"
+    assert "read bytes" in d.verdict.evidence["moving"]
+    assert "log lines" not in d.verdict.evidence["still_for_s"]  # there are none to count
+    assert d.verdict.evidence["threads_in_futex"] >= 100  # idle loader threads do not make it hung
+
+
+@pytest.mark.parametrize("with_log", [False, True], ids=["no-log", "log-found"])
+def test_the_replay_hung_in_load_is_stalled_without_being_given_its_log(tmp_path, with_log):
+    proc = replay(tmp_path, speed=200, variant="hang-in-load", log=tmp_path / "hang.log" if with_log else None)
+    try:
+        wait_until_reading(proc)
+        time.sleep(1.0)  # hung at 40 % of the weights, about 0.6 s in
+        done = doctor_cli("--pid", str(proc.pid), "--seconds", "3", "--json")
+    finally:
+        stop(proc)
+    assert done.returncode == 1, done.stdout + done.stderr
+    d = json.loads(done.stdout)
+    assert d["verdict"]["state"] == "stalled", d["verdict"]["reason"]
+    assert d["verdict"]["evidence"]["quiet_s"] >= d["verdict"]["evidence"]["budget_s"]
+    assert d["verdict"]["evidence"]["eta_s"] is None  # nothing moves: no ETA
+    if with_log:
+        assert d["verdict"]["evidence"]["phase"] == "loading weights"
+    else:
+        assert d["verdict"]["evidence"]["phase"] == "unknown (no log)"
