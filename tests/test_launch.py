@@ -386,7 +386,7 @@ def test_live_view_without_a_terminal_prints_one_line_per_phase(tmp_path, script
         assert running.phases[-1].name == "ready"
     lines = console.file.getvalue().splitlines()
     assert lines[0] == "scripted engine: starting"
-    assert [line.split("] ")[1] for line in lines[1:-1]] == ["booting", "ready"]
+    assert [line.split("] ")[1].split(" · ")[0] for line in lines[1:-1]] == ["booting", "ready"]
     assert "\x1b" not in console.file.getvalue()  # no control sequences in a log file
     assert lines[-1].startswith("scripted engine ready in ")
 
@@ -405,8 +405,8 @@ def test_eta_and_progress_text():
     status = LaunchStatus(elapsed_s=30.0, phase="loading weights", phase_elapsed_s=20.0, progress=0.25,
                           detail=None, last_line=None, probe="down", pid=1)
     assert eta_s(status) == pytest.approx(60.0)  # 20 s for a quarter: 60 s for the other three
-    assert describe_progress(status) == "25%  ETA 60 s"
+    assert describe_progress(status) == "25%, ETA 60 s"
     assert eta_s(replace(status, progress=0.0)) is None
     assert eta_s(replace(status, progress=None)) is None
     assert describe_progress(replace(status, progress=1.0)) == "100%"
-    assert plain_line(status) == "[  30.0s] loading weights (25%  ETA 60 s)"
+    assert plain_line(status) == "[  30.0s] loading weights (25%, ETA 60 s) · probe down"

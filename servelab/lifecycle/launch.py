@@ -28,8 +28,8 @@ from servelab.lifecycle.supervisor import SupervisedProcess, start_process
 from servelab.provenance import utc_now_iso
 from servelab.records import LaunchResult, Verdict
 
-__all__ = ["LaunchStatus", "RunningEngine", "STALL_ACTIONS", "ensure_port_free", "free_port", "http_get",
-           "port_in_use", "start_engine", "OOM_HINT", "PROBE_TIMEOUT_S", "launch_provenance"]
+__all__ = ["LaunchStatus", "PreparedLaunch", "RunningEngine", "prepare_launch", "STALL_ACTIONS", "ensure_port_free",
+           "free_port", "http_get", "port_in_use", "start_engine", "OOM_HINT", "PROBE_TIMEOUT_S", "launch_provenance"]
 
 UPDATE_EVERY_S = 0.5  # on_update is called at least this often, even when nothing changed
 SAMPLE_EVERY_S = 1.0  # evidence cadence: cheap (a /proc walk), and a stall budget is tens of seconds at least
@@ -56,9 +56,28 @@ class LaunchStatus:
                 self.verdict.state if self.verdict else None)
 
 
+@dataclass(frozen=True)
+class PreparedLaunch:
+    """An engine checked and its command built, nothing started yet (`prepare_launch`)."""
+
+    spec: EngineSpec
+    adapter: EngineAdapter
+    port: int
+    launch: Launch
+
+
+def prepare_launch(spec: EngineSpec) -> PreparedLaunch:
+    """Everything that can be refused before a process starts: an unknown or missing engine, a missing model, a
+    port in use. Raises UserError; starts nothing."""
+    adapter = get_engine(spec.engine)
+    port = spec.port or free_port(spec.host)
+    ensure_port_free(spec.host, port)
+    return PreparedLaunch(spec=spec, adapter=adapter, port=port, launch=adapter.launch(spec, port))
+
+
 def start_engine(spec: EngineSpec, log_dir: Path, on_update: Callable[[LaunchStatus], None] | None = None,
                  ready_timeout_s: float = 600.0, stop_grace_s: float = 10.0, stall_action: str = "stop",
-                 sample_every_s: float = SAMPLE_EVERY_S) -> RunningEngine:
+                 sample_every_s: float = SAMPLE_EVERY_S, prepared: PreparedLaunch | None = None) -> RunningEngine:
     """Start the engine `spec` describes and return once its probe says ready.
 
     Raises UserError before anything starts (unknown engine, engine not installed, port in use, missing model),
@@ -69,10 +88,11 @@ def start_engine(spec: EngineSpec, log_dir: Path, on_update: Callable[[LaunchSta
     """
     if stall_action not in STALL_ACTIONS:
         raise UserError(f"unknown stall action '{stall_action}'", hint="use stop or wait")
-    adapter = get_engine(spec.engine)
-    port = spec.port or free_port(spec.host)
-    ensure_port_free(spec.host, port)
-    launch = adapter.launch(spec, port)
+    if prepared is None or prepared.spec is not spec:
+        prepared = prepare_launch(spec)
+    else:
+        ensure_port_free(spec.host, prepared.port)  # still free since it was prepared
+    adapter, port, launch = prepared.adapter, prepared.port, prepared.launch
     log_path = Path(log_dir) / f"{adapter.name}-{port}.log"
     tracker = PhaseTracker(adapter)
     started_at = utc_now_iso()

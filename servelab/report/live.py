@@ -1,7 +1,9 @@
 """The start-up view of `servelab up`: what the engine is doing right now, and whether it is moving.
 
-On a terminal a rich Live panel redraws in place; elsewhere (CI logs, pipes) one plain line per phase or verdict
-change, because redraws would fill a log file with control sequences.
+On a terminal a rich Live panel redraws in place; elsewhere (CI logs, pipes, `> file`) plain lines, because
+redraws would fill a log file with control sequences: one per phase or verdict change, and a heartbeat with the
+evidence (phase, progress, what moved, the probe) at least every HEARTBEAT_S seconds, so a long phase is never
+silent (the story's "the log seems to end early" must not happen in servelab's own output).
 """
 
 from __future__ import annotations
@@ -14,48 +16,94 @@ from rich.text import Text
 
 from servelab.engines import get_engine
 from servelab.engines.base import EngineSpec
+from servelab.lifecycle.diagnose import RECENT_S, eta_words
 from servelab.lifecycle.diagnose import eta_s as _eta
-from servelab.lifecycle.launch import LaunchStatus, RunningEngine, start_engine
+from servelab.lifecycle.launch import LaunchStatus, RunningEngine, prepare_launch, start_engine
 
 _PROBE_STYLE = {"ready": "green", "loading": "yellow", "down": "dim", "unknown": "red"}
 _VERDICT_STYLE = {"starting": "dim", "loading": "cyan", "ready": "green", "stalled": "bold red", "crashed": "bold red"}
+HEARTBEAT_S = 10.0  # a pipe gets a status line at least this often
+SEP = " · "
 
 
 def eta_s(status: LaunchStatus) -> float | None:
-    """Time left in the current phase if progress keeps its pace so far; None when it cannot be estimated."""
+    """Time left in the current phase if progress keeps its pace so far; None when it cannot be estimated, or
+    when nothing has moved for a while (the pace so far no longer says anything)."""
+    if _quiet_s(status) >= RECENT_S:
+        return None
     return _eta(status.progress, status.phase_elapsed_s)
 
 
-def describe_progress(status: LaunchStatus) -> str:
+def _quiet_s(status: LaunchStatus) -> float:
+    if status.verdict is None:
+        return 0.0
+    return float(status.verdict.evidence.get("quiet_s") or 0.0)
+
+
+def describe_progress(status: LaunchStatus, why_unknown: bool = True) -> str:
+    """"25%, ETA 60 s"; "40%, ETA unknown: nothing moved for 12 s" (without the reason when `why_unknown` is
+    false: the line says it elsewhere); "" without a progress counter."""
     if status.progress is None:
         return ""
     text = f"{status.progress * 100:.0f}%"
+    if status.progress >= 1.0:
+        return text
     eta = eta_s(status)
-    return f"{text}  ETA {eta:.0f} s" if eta is not None else text
+    if eta is not None:
+        return f"{text}, ETA {eta:.0f} s"
+    stalled = status.verdict is not None and status.verdict.state == "stalled"
+    if not why_unknown:
+        return f"{text}, ETA unknown"
+    return f"{text}, " + eta_words({"eta_s": None, "quiet_s": _quiet_s(status)}, stalled=stalled)
+
+
+def movement(status: LaunchStatus) -> str:
+    """What moved recently, or for how long nothing has: the evidence behind "loading" in a few words."""
+    verdict = status.verdict
+    if verdict is None:
+        return ""
+    if verdict.state in ("stalled", "crashed", "ready"):
+        return verdict.reason
+    moving = verdict.evidence.get("moving") or []
+    if moving:
+        return "moving: " + ", ".join(moving)
+    quiet, budget = verdict.evidence.get("quiet_s"), verdict.evidence.get("budget_s")
+    if quiet is None:
+        return verdict.reason
+    if quiet < 1.0:
+        return ""  # the first sample: nothing to compare with yet
+    return f"nothing moved for {quiet:.0f} s" + (f" (stall budget {budget:.0f} s)" if budget is not None else "")
 
 
 def render_status(title: str, status: LaunchStatus, width: int) -> Group:
-    head = Text.assemble((title, "bold"), f"  pid {status.pid}")
-    phase = Text.assemble(("phase ", "dim"), (status.phase, "bold cyan"), f"  {status.elapsed_s:5.1f} s")
+    head = Text.assemble((title, "bold"), f"{SEP}pid {status.pid}{SEP}{status.elapsed_s:.1f} s")
+    phase = Text.assemble(("phase ", "dim"), (status.phase, "bold cyan"), f"{SEP}{status.phase_elapsed_s:.0f} s in it")
     progress = describe_progress(status)
     if progress:
-        phase.append(f"  {progress}", style="magenta")
-    phase.append("  probe ", style="dim")
+        phase.append(f"{SEP}{progress}", style="magenta")
+    phase.append(f"{SEP}probe ", style="dim")
     phase.append(status.probe, style=_PROBE_STYLE.get(status.probe, ""))
     parts = [head, phase]
     if status.verdict is not None:
-        verdict = status.verdict
-        parts.append(Text.assemble((f"{verdict.state:8}", _VERDICT_STYLE.get(verdict.state, "")),
-                                   (_fit(verdict.reason, width - 10), "dim")))
+        state = status.verdict.state
+        parts.append(Text.assemble((state, _VERDICT_STYLE.get(state, "")),
+                                   (_fit(SEP + movement(status), width - len(state)), "dim")))
     parts.append(Text.assemble(("> ", "dim"), Text(_fit(status.last_line or "", width - 2), style="dim")))
     return Group(*parts)
 
 
 def plain_line(status: LaunchStatus) -> str:
-    progress = describe_progress(status)
+    """One line for a log file: time, phase, progress, what moved, the probe; a stall or crash says so."""
+    verdict = status.verdict
+    moved = movement(status) if verdict is not None and verdict.state not in ("stalled", "crashed", "ready") else ""
+    progress = describe_progress(status, why_unknown=not moved.startswith("nothing moved"))
     line = f"[{status.elapsed_s:6.1f}s] {status.phase}" + (f" ({progress})" if progress else "")
-    if status.verdict is not None and status.verdict.state in ("stalled", "crashed"):
-        line += f"  {status.verdict.state.upper()}: {status.verdict.reason}"
+    if verdict is not None and verdict.state in ("stalled", "crashed"):
+        return line + f"{SEP}{verdict.state.upper()}: {verdict.reason}"
+    if moved:
+        line += SEP + moved
+    if status.phase != "ready":
+        line += f"{SEP}probe {status.probe}"
     return line
 
 
@@ -68,32 +116,35 @@ def live_launch(spec: EngineSpec, log_dir: Path, console: Console, ready_timeout
                 stall_action: str = "stop") -> RunningEngine:
     """`start_engine` with a view of its progress on `console`."""
     title = get_engine(spec.engine).title
+    prepared = prepare_launch(spec)  # refuses a missing engine or model and a busy port before "starting"
     if not console.is_terminal:
-        return _plain_launch(spec, log_dir, console, title, ready_timeout_s, stall_action)
+        return _plain_launch(spec, log_dir, console, title, ready_timeout_s, stall_action, prepared)
     with Live(Text(f"{title}: starting"), console=console, refresh_per_second=8, transient=True) as live:
         def on_update(status: LaunchStatus) -> None:
             live.update(render_status(title, status, console.width))
 
         engine = start_engine(spec, log_dir, on_update=on_update, ready_timeout_s=ready_timeout_s,
-                              stall_action=stall_action)
+                              stall_action=stall_action, prepared=prepared)
     console.print(f"[bold]{title}[/bold] ready in {engine.ready_s:.1f} s at {engine.url}", highlight=False)
     return engine
 
 
 def _plain_launch(spec: EngineSpec, log_dir: Path, console: Console, title: str, ready_timeout_s: float,
-                  stall_action: str) -> RunningEngine:
+                  stall_action: str, prepared=None, heartbeat_s: float = HEARTBEAT_S) -> RunningEngine:
     console.print(f"{title}: starting", markup=False, highlight=False)
-    # Phases are reported as each update finds them: one that began and ended within a poll (~50 ms) is skipped.
-    # A stall is reported when it is declared (with --stall-action wait the engine keeps its chance).
-    last: list[tuple[str, str | None]] = [("starting", None)]
+    # A line when the phase or the verdict changes (a phase that began and ended within a poll, ~50 ms, is
+    # skipped), and a heartbeat with the evidence when nothing changed for `heartbeat_s`. A stall is reported
+    # when it is declared (with --stall-action wait the engine keeps its chance).
+    last = {"key": ("starting", None), "at": 0.0}
 
     def on_update(status: LaunchStatus) -> None:
         state = status.verdict.state if status.verdict and status.verdict.state in ("stalled",) else None
-        if last[-1] != (status.phase, state):
-            last.append((status.phase, state))
-            console.print(plain_line(status), markup=False, highlight=False)
+        key = (status.phase, state)
+        if key != last["key"] or status.elapsed_s - last["at"] >= heartbeat_s:
+            last["key"], last["at"] = key, status.elapsed_s
+            console.print(plain_line(status), markup=False, highlight=False, soft_wrap=True)
 
     engine = start_engine(spec, log_dir, on_update=on_update, ready_timeout_s=ready_timeout_s,
-                          stall_action=stall_action)
+                          stall_action=stall_action, prepared=prepared)
     console.print(f"{title} ready in {engine.ready_s:.1f} s at {engine.url}", markup=False, highlight=False)
     return engine

@@ -1,0 +1,107 @@
+"""What an operator sees (issue 13): `up` into a file keeps talking through a long phase, the live panel's text
+reads as words, and nothing is refused after `starting` was printed."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from servelab.lifecycle.launch import LaunchStatus
+from servelab.lifecycle.ports import free_port
+from servelab.records import Verdict
+from servelab.report.live import describe_progress, plain_line, render_status
+
+PY = sys.executable
+SERVELAB = [PY, "-m", "servelab.cli"]
+STAMP = re.compile(r"^\[\s*([\d.]+)s\] (.*)$")
+
+
+def test_up_into_a_file_prints_a_status_line_at_least_every_10_s(tmp_path: Path) -> None:
+    """The replayed SGLang start-up at speed 20: 12.6 s of weight loading with one log line, 16 s in all. A file
+    gets a line when the phase changes and a heartbeat with the evidence in between, never 10 s of silence."""
+    out = tmp_path / "up.txt"
+    with open(out, "w") as fh:
+        proc = subprocess.Popen([*SERVELAB, "up", "replay-sglang", "--option", "speed=20", "--log-dir",
+                                 str(tmp_path)], stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while "press Ctrl-C" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    text = out.read_text()
+    assert "press Ctrl-C" in text, text
+    lines = text.splitlines()
+    assert lines[0] == "SGLang (replay): starting"
+    stamped = [(float(m.group(1)), m.group(2)) for line in lines if (m := STAMP.match(line))]
+    ready_s = float(re.search(r"ready in ([\d.]+) s", text).group(1))
+    times = [0.0] + [t for t, _ in stamped]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert max(gaps) <= 10.5, (gaps, text)  # updates come every 0.5 s: a heartbeat is at most that late
+    assert ready_s - times[-1] <= 10.5
+    weights = [rest for _, rest in stamped if rest.startswith("loading weights")]
+    assert len(weights) >= 2, text  # the phase line and at least one heartbeat during it
+    heartbeat = weights[-1]
+    assert re.search(r"loading weights \(\d+%, ETA \d+ s\)", heartbeat), heartbeat  # progress and ETA
+    assert " · moving: " in heartbeat and "read bytes" in heartbeat and heartbeat.endswith("probe down")
+    assert "\x1b" not in text
+
+
+def _status(**kw) -> LaunchStatus:
+    base = dict(elapsed_s=42.0, phase="loading model", phase_elapsed_s=30.0, progress=0.4, detail=None,
+                last_line="llama_model_load: loading tensors", probe="down", pid=4242)
+    base.update(kw)
+    return LaunchStatus(**base)
+
+
+def test_the_live_panel_separates_its_words_and_names_the_state_once() -> None:
+    loading = Verdict(state="loading", reason="loading model 40% (ETA 45 s); moving: read bytes",
+                      evidence={"quiet_s": 0.2, "budget_s": 300.0, "moving": ["read bytes", "CPU time"]})
+    starting = Verdict(state="starting", reason="process started; no recognised log line yet",
+                       evidence={"quiet_s": 0.4, "budget_s": 180.0, "moving": []})
+    console = Console(record=True, width=100, force_terminal=True)
+    console.print(render_status("llama.cpp server", _status(verdict=loading), 100))
+    console.print(render_status("llama.cpp server", _status(verdict=starting, phase="starting", progress=None), 100))
+    text = console.export_text()
+    assert "startingprocess" not in text and "loading loading" not in text
+    assert "loading · moving: read bytes, CPU time" in text
+    assert "phase loading model · 30 s in it · 40%, ETA 45 s · probe down" in text
+    assert "llama.cpp server · pid 4242 · 42.0 s" in text
+
+
+def test_the_eta_is_unknown_while_nothing_moves() -> None:
+    still = Verdict(state="loading", reason="…", evidence={"quiet_s": 12.4, "budget_s": 300.0, "moving": []})
+    status = _status(verdict=still)
+    assert describe_progress(status) == "40%, ETA unknown: nothing moved for 12 s"
+    assert plain_line(status) == ("[  42.0s] loading model (40%, ETA unknown) · nothing moved for 12 s (stall "
+                                  "budget 300 s) · probe down")
+    stalled = Verdict(state="stalled", reason="nothing moved for 301 s in phase 'loading model' (budget 300 s)",
+                      evidence={"quiet_s": 301.0, "budget_s": 300.0, "moving": []})
+    assert describe_progress(_status(verdict=stalled)) == "40%, ETA unknown: stalled for 301 s"
+    assert "STALLED: nothing moved for 301 s" in plain_line(_status(verdict=stalled))
+    moving = Verdict(state="loading", reason="…", evidence={"quiet_s": 0.5, "budget_s": 300.0, "moving": ["RSS"]})
+    assert describe_progress(_status(verdict=moving)) == "40%, ETA 45 s"
+
+
+def test_up_refuses_a_missing_model_and_a_busy_port_before_starting(tmp_path: Path) -> None:
+    import socket
+
+    done = subprocess.run([*SERVELAB, "up", "llamacpp", "--model", "nosuchmodel", "--log-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "nosuchmodel" in done.stderr
+    assert "starting" not in done.stdout + done.stderr
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        done = subprocess.run([*SERVELAB, "up", "replay-sglang", "--port", str(port), "--log-dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"port {port}" in done.stderr and "already in use" in done.stderr
+    assert "starting" not in done.stdout + done.stderr
