@@ -18,6 +18,7 @@ from typing import Any
 
 from servelab.engines.base import EngineAdapter, EngineSpec, PhasePattern
 from servelab.engines.common import flag_value, has_flag
+from servelab.engines.reasoning_families import LLAMACPP_FORMAT, family_of
 from servelab.records import LintFinding
 
 DEFAULT_PARALLEL = 8
@@ -103,6 +104,9 @@ class LlamaCppFamily(EngineAdapter):
             findings.append(LintFinding(
                 setting="no-cont-batching", severity="serious",
                 why="continuous batching is off: new requests wait for the running batch to finish"))
+        reasoning = reasoning_format_finding(spec, command, runtime_config)
+        if reasoning is not None:
+            findings.append(reasoning)
         threads = flag_value(command, "--threads", "-t")
         cores = os.cpu_count() or 1
         if threads is not None and threads.isdigit() and int(threads) > cores:
@@ -113,3 +117,27 @@ class LlamaCppFamily(EngineAdapter):
 
     def lint_log_line(self, line: str) -> LintFinding | None:
         return offload_finding(line)
+
+
+def reasoning_format_finding(spec: EngineSpec, command: list[str], runtime_config: dict[str, Any] | None
+                             ) -> LintFinding | None:
+    """A known reasoning family (engines/reasoning_families.py) with `--reasoning-format none` (or env
+    LLAMA_ARG_THINK=none): its thoughts stay in message.content. llama.cpp extracts them by default (`auto`), so
+    only turning that off is flagged; `deepseek-legacy` keeps `<think>` in content too (a warning)."""
+    fmt = flag_value(command, "--reasoning-format") or spec.env.get("LLAMA_ARG_THINK")
+    if fmt not in ("none", "deepseek-legacy"):
+        return None
+    config = runtime_config or {}
+    family = family_of(config.get("model_path"), flag_value(command, "--model", "-m"),
+                       flag_value(command, "--alias", "-a"), flag_value(command, "--hf-repo", "-hf"), spec.model)
+    if family is None:
+        return None
+    if fmt == "deepseek-legacy":
+        return LintFinding(setting="--reasoning-format deepseek-legacy", severity="warn",
+                           why=f"{family.name} is a reasoning model: deepseek-legacy keeps <think> tags in content "
+                               f"(and fills reasoning_content too); use --reasoning-format {LLAMACPP_FORMAT}")
+    severity = "serious" if family.thinks_by_default else "warn"
+    return LintFinding(setting="--reasoning-format none", severity=severity,
+                       why=f"{family.name} is a reasoning model and --reasoning-format none leaves its thinking in "
+                           f"content, so TTFO and answer-token figures count thinking as answer; use "
+                           f"--reasoning-format {LLAMACPP_FORMAT} (or leave the default, auto)")

@@ -26,6 +26,7 @@ from servelab.engines.common import (
     require_python_module,
 )
 from servelab.engines.lint import finding, merge
+from servelab.engines.reasoning_families import parser_lint
 from servelab.records import LintFinding
 
 INSTALL = "pip install sglang (needs a CUDA GPU and its torch; see docs.sglang.ai)"
@@ -163,7 +164,23 @@ def sglang_lint(command: list[str], config: dict[str, Any] | None) -> list[LintF
         found.append(finding("--disable-cuda-graph", "serious",
                              "no CUDA graph was captured (internal_states[].memory_usage.graph == 0) "
                              "[/server_info]"))
+    reasoning = _reasoning_lint(command, config)
+    if reasoning is not None:
+        found.append(reasoning)
     if not has_flag(command, "--enable-metrics") and not is_true(config.get("enable_metrics", False)):
         found.append(finding("--enable-metrics", "info",
                              "off: no /metrics, so server-side TTFT/ITL histograms cannot be compared"))
     return merge(found)
+
+
+def _reasoning_lint(command: list[str], config: dict[str, Any]) -> LintFinding | None:
+    """A known reasoning family without its parser (engines/reasoning_families.py). The parser is read from
+    /server_info when it answers (`reasoning_parser`, null when off), else from the command line."""
+    models = [config.get("model_path"), config.get("served_model_name"),
+              flag_value(command, "--model-path", "--model"), flag_value(command, "--served-model-name")]
+    on_cmdline = flag_value(command, "--reasoning-parser")
+    if "reasoning_parser" in config:
+        on_server = config.get("reasoning_parser")
+        agree = flag_value(command, "--model-path", "--model") is not None and on_cmdline == on_server
+        return parser_lint("sglang", models, on_server, "command line and /server_info" if agree else "/server_info")
+    return parser_lint("sglang", models, on_cmdline, "command line")

