@@ -8,7 +8,9 @@ two evidence samples).
 
 Options (`--option KEY=VALUE`): speed (default 50), variant (normal, hang-in-load, crash-9-mid-load, never-bind,
 slow-steady). `--model` names the file the replay reads while it "loads weights" (default: the smollm2 GGUF).
-`--extra` flags go to the imitated engine's command line (e.g. --disable-cuda-graph) and change the replay.
+`--extra` flags go to the imitated engine's command line (e.g. --disable-cuda-graph) and change the replay;
+`--model-path` (SGLang) / `--model` (vLLM) there names the model it serves, and `--reasoning-parser` separates the
+thinking of a reasoning model (replay_http.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import sys
 
 from servelab.engines.base import EngineSpec, Launch
-from servelab.engines.common import base_url
+from servelab.engines.common import base_url, flag_value
 from servelab.engines.replay_script import load_script
 from servelab.engines.sglang import SGLang
 from servelab.engines.vllm import VLLM
@@ -53,7 +55,8 @@ class _ReplayMixin:
                    "--speed", f"{self._speed:g}", "--variant", spec.options.get("variant", "normal"),
                    "--tp", str(tp), "--model-file", str(model_file.path), "--host", spec.host,
                    "--port", str(port), *spec.extra_args]
-        served = script.meta.get("model", "model")
+        # The imitated engine's own model flag (`-- --model-path /shared/kimi-k2.5-int4`) names what it serves.
+        served = flag_value(spec.extra_args, "--model-path", "--model") or script.meta.get("model", "model")
         # Budgets scale with the imitated checkpoint, not with the small file the replay actually reads.
         return Launch(command=command, env=dict(spec.env), url=base_url(spec, port), model_path=served,
                       served_model=served, extra={"model_size_bytes": script.checkpoint_bytes,

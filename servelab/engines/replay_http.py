@@ -20,6 +20,15 @@ The stand-in tokenizer is one token per whitespace-separated word; the chat temp
 tokenize-prompt default, SGLang's likewise; vLLM's chat default adds none). The stand-in model answers
 NATURAL_ANSWER_TOKENS words and stops, unless `ignore_eos` (exactly max_tokens) or `min_tokens` (at least that
 many) say otherwise, as both engines honour them. Every generation request's body is kept in `requests`.
+
+A model of a known reasoning family (engines/reasoning_families.py: `--model-path /shared/kimi-k2.5-int4`) thinks
+first, in chat: THINKING_WORDS of thinking, then `</think>`, then its answer. The story's question ("What is 2+2?
+Reply in one word.") gets the story's thinking, whose first 32 tokens are byte for byte the content the story's
+SGLang sent back. Run with `--reasoning-parser`, the engine separates the two as it does: SGLang in
+`reasoning_content` (with `usage.reasoning_tokens` at the top level), vLLM in `reasoning` (with
+`usage.completion_tokens_details.reasoning_tokens`); `</think>` is counted but not shown. Without one, everything,
+`</think>` included, is `content`, and the reasoning field is null (SGLang's `reasoning_content`, vLLM's
+`reasoning`). A request can turn thinking on or off with `chat_template_kwargs` (`thinking`/`enable_thinking`).
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from servelab.engines.reasoning_families import ReasoningFamily, family_of
+
 BOS = "<s>"
 VOCAB = 49152
 CONTEXT = 32768
@@ -39,6 +50,16 @@ NATURAL_ANSWER_TOKENS = 12
 DEFAULT_MAX_TOKENS = 16
 ANSWER_WORDS = ("the", "replay", "answers", "with", "plain", "words", "one", "token", "each", "until", "it",
                 "stops")
+THINKING_WORDS = ("The", "user", "asks", "something", "so", "I", "will", "answer", "in", "plain", "words.")
+THINK_END = "</think>"
+STORY_PROMPT = "What is 2+2? Reply in one word."
+# The story's reply from SGLang serving Kimi-K2.5 without a reasoning parser was these 32 tokens of content
+# (finish_reason length at max_tokens 32); the thinking goes on after them, then the answer.
+STORY_THINKING = (" The", " user", " is", " asking", " for", " the", " answer", " to", ' "', "2", "+", "2", '"',
+                  " and", " wants", " me", " to", " reply", " in", " one", " word", ".", "\n", "\n", " 2", "+", "2",
+                  " =", " 4", "\n\n", " The", " word",
+                  " is", ' "', "four", '"', ".", "\n\n", " So", " the", " answer", " is", ":", " Four")
+STORY_ANSWER = ("Four",)
 
 
 def message_text(content: Any) -> str:
@@ -167,6 +188,56 @@ class ReplayState:
         prompt = body.get("prompt")
         return len(fake_tokens(prompt, bos=True)) if isinstance(prompt, str) else None
 
+    # ---- the stand-in model ----
+    @property
+    def family(self) -> ReasoningFamily | None:
+        return family_of(self.model)
+
+    @property
+    def reasoning_parser(self) -> str | None:
+        parser = self.server_args.get("reasoning_parser")
+        return parser if isinstance(parser, str) and parser else None
+
+    @property
+    def reasoning_field(self) -> str:
+        return "reasoning_content" if self.engine == "sglang" else "reasoning"
+
+    def thinking(self, chat: bool, body: dict[str, Any]) -> tuple[str, ...]:
+        """The thinking the stand-in model writes before its answer: none unless it is a reasoning family (and
+        the request did not turn thinking off), the story's for the story's question."""
+        family = self.family
+        if not chat or family is None:
+            return ()
+        kwargs = body.get("chat_template_kwargs") if isinstance(body.get("chat_template_kwargs"), dict) else {}
+        asked = [kwargs[k] for k in ("thinking", "enable_thinking") if k in kwargs]
+        if not (bool(asked[0]) if asked else family.thinks_by_default):
+            return ()
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        last = message_text(messages[-1].get("content")) if messages and isinstance(messages[-1], dict) else ""
+        if last.strip() == STORY_PROMPT:
+            return STORY_THINKING
+        return tuple((" " if i else "") + w for i, w in enumerate(THINKING_WORDS))
+
+    def plan(self, chat: bool, body: dict[str, Any]) -> tuple[list[tuple[str, str]], str]:
+        """(the generated pieces as (kind, text), kind "reasoning", "end" (</think>) or "answer"; finish_reason).
+        One piece is one token."""
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
+        think = self.thinking(chat, body)
+        head = [("reasoning", t) for t in think] + ([("end", THINK_END)] if think else [])
+        story = think is STORY_THINKING
+        natural = max(len(head) + (len(STORY_ANSWER) if story else NATURAL_ANSWER_TOKENS),
+                      int(body.get("min_tokens") or 0))
+        n = limit if body.get("ignore_eos") else min(limit, natural)
+        finish = "length" if body.get("ignore_eos") or natural > limit else "stop"
+
+        def answer(i: int) -> str:
+            if story and i < len(STORY_ANSWER):
+                return STORY_ANSWER[i]
+            return (" " if i else "") + ANSWER_WORDS[i % len(ANSWER_WORDS)]
+
+        pieces = head[:n] + [("answer", answer(i)) for i in range(max(0, n - len(head)))]
+        return pieces, finish
+
     def generate(self, path: str, body: dict[str, Any]) -> tuple[int, bytes, str]:
         self.requests.append({"path": path, "body": body})
         if self.engine == "vllm" and body.get("model") not in (None, self.model):
@@ -175,36 +246,61 @@ class ReplayState:
         prompt = self.prompt_tokens(path, body)
         if prompt is None:
             return self._json(*self.error(400, "the request needs messages or a prompt string"))
-        limit = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
-        natural = max(NATURAL_ANSWER_TOKENS, int(body.get("min_tokens") or 0))
-        n = limit if body.get("ignore_eos") else min(limit, natural)
-        finish = "length" if body.get("ignore_eos") or natural > limit else "stop"
-        pieces = [(" " if i else "") + ANSWER_WORDS[i % len(ANSWER_WORDS)] for i in range(n)]
         chat = path.endswith("/chat/completions")
+        planned, finish = self.plan(chat, body)
+        n = len(planned)
+        # With a reasoning parser the engine moves the thinking to its own field and shows no </think>.
+        separate = self.reasoning_parser is not None
+        field_name = self.reasoning_field
+        thought = sum(1 for kind, _ in planned if kind == "reasoning")
         rid, created = f"{'chatcmpl' if chat else 'cmpl'}-replay-{len(self.requests)}", int(time.time())
         kind = "chat.completion" if chat else "text_completion"
 
-        def usage(done: int) -> dict[str, int]:
-            return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        def usage(done: int) -> dict[str, Any]:
+            counts: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": done,
+                                      "total_tokens": prompt + done}
+            if separate and thought:
+                reasoning_done = sum(1 for k, _ in planned[:done] if k == "reasoning")
+                if self.engine == "sglang":
+                    counts["reasoning_tokens"] = reasoning_done  # top level (sglang protocol.py UsageInfo)
+                else:
+                    counts["completion_tokens_details"] = {"reasoning_tokens": reasoning_done}
+            return counts
+
+        def delta(piece_kind: str, text: str) -> dict[str, Any] | None:
+            """A piece's delta; None for what the parser swallows (</think>)."""
+            if separate and piece_kind == "end":
+                return None
+            return {field_name: text} if separate and piece_kind == "reasoning" else {"content": text}
 
         if not body.get("stream"):
-            choice = {"index": 0, "finish_reason": finish, **(
-                {"message": {"role": "assistant", "content": "".join(pieces)}} if chat else {"text": "".join(pieces)})}
+            if chat:
+                shown = [(k, t) for k, t in planned if not (separate and k == "end")]
+                content = "".join(t for k, t in shown if not (separate and k == "reasoning"))
+                reasoning = "".join(t for k, t in shown if separate and k == "reasoning")
+                message = {"role": "assistant", "content": content if content or not separate else None,
+                           field_name: reasoning or None}
+                choice = {"index": 0, "message": message, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": "".join(t for _, t in planned), "finish_reason": finish}
             return self._json(200, {"id": rid, "object": kind, "created": created, "model": self.model,
                                     "choices": [choice], "usage": usage(n)})
         options = body.get("stream_options") or {}
         every = bool(options.get("continuous_usage_stats"))
 
-        def chunk(delta: dict[str, Any] | str | None, done: int, finish_reason: str | None = None
+        def chunk(payload: dict[str, Any] | str | None, done: int, finish_reason: str | None = None
                   ) -> dict[str, Any]:
-            choices = [] if delta is None else [{"index": 0, "finish_reason": finish_reason, **(
-                {"delta": delta} if chat else {"text": delta})}]
+            choices = [] if payload is None else [{"index": 0, "finish_reason": finish_reason, **(
+                {"delta": payload} if chat else {"text": payload})}]
             c = {"id": rid, "object": kind + (".chunk" if chat else ""), "created": created, "model": self.model,
                  "choices": choices}
             return c | {"usage": usage(done)} if every else c
 
         events: list[Any] = [chunk({"role": "assistant", "content": ""}, 0)] if chat else []
-        events += [chunk({"content": piece} if chat else piece, i + 1) for i, piece in enumerate(pieces)]
+        for i, (piece_kind, text) in enumerate(planned):
+            payload = delta(piece_kind, text) if chat else text
+            if payload is not None:
+                events.append(chunk(payload, i + 1))
         events.append(chunk({} if chat else "", n, finish))
         if options.get("include_usage"):
             events.append({"id": rid, "object": kind + (".chunk" if chat else ""), "created": created,
