@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from servelab.verify.checks.common import (chat_request, check_content, check_correct_answer, check_usage,
-                                           compare_with_chat, FINISH_REASONS, judge_stream_completion,
-                                           judge_stream_end, judge_stream_format, quoted, read_chat_stream,
-                                           reasoning_of)
+from servelab.verify.checks.common import (CHAT_PROMPT, chat_request, check_content, check_correct_answer,
+                                           check_usage, compare_with_chat, FINISH_REASONS, judge_stream_completion,
+                                           judge_stream_end, judge_stream_format, quoted, read_chat_answer,
+                                           read_chat_stream, reasoning_of, send_stream, StreamReading)
 from servelab.verify.checks.registry import CheckContext, CheckFailed, Evidence, Findings, Verdict, check
+from servelab.verify.checks.thinking import judge_thinking, read_signals
 from servelab.verify.http import BadResponse, excerpt, excerpt_ends, one_line, post_stream, request_json
+
+# A reasoning model may spend the story's 32 tokens thinking; the request is then repeated once with this budget,
+# so the answer path is verified too.
+LONGER_BUDGET = 512
 
 # ---- models ------------------------------------------------------------------------------------------------------
 
@@ -93,15 +98,46 @@ async def chat_completion(ctx: CheckContext, evidence: Evidence) -> Verdict:
         findings.fail(f"message.content is a {type(content).__name__}, expected a string")
         content = None
     text = content or ""
-    check_content(text, reasoning_of(message), findings, "message")
-    check_correct_answer(text, findings)
+    reasoning = reasoning_of(message)
     finish_reason = choices[0].get("finish_reason")
+    if not text.strip() and reasoning.strip():
+        await answer_after_thinking(ctx, findings, len(reasoning), finish_reason)
+    else:
+        check_content(text, reasoning, findings, "message")
+        check_correct_answer(text, findings)
     if finish_reason not in FINISH_REASONS:
         findings.fail(f"finish_reason is {finish_reason!r}, expected one of {', '.join(FINISH_REASONS)}")
     check_usage(body.get("usage"), findings, "the response")
+    seen = read_signals(prompt=CHAT_PROMPT, text=text, message=message, finish_reason=finish_reason,
+                        usage=body.get("usage"), max_tokens=evidence.request["max_tokens"],
+                        models=[ctx.model, body.get("model")])
+    await judge_thinking(ctx, seen, findings, "message")
     if text:
         ctx.chat_text = text
     return findings.verdict(f"answer: {quoted(text)}")
+
+
+async def answer_after_thinking(ctx: CheckContext, findings: Findings, reasoning_chars: int,
+                                finish_reason: object) -> None:
+    """Content empty, reasoning present: the model spent the budget thinking. Say so, and ask once more with
+    LONGER_BUDGET tokens so that the answer is verified too (its text is kept for `chat_stream` to match)."""
+    assert ctx.model is not None
+    spent = "the whole max_tokens=32" if finish_reason == "length" else "the 32-token budget"
+    said = f"the model spent {spent} thinking ({reasoning_chars} characters of reasoning, content empty)"
+    try:
+        reply = await request_json(ctx.session, "POST", ctx.base_url, "/v1/chat/completions",
+                                   chat_request(ctx.model) | {"max_tokens": LONGER_BUDGET})
+        retry = read_chat_answer(reply.body)
+    except (BadResponse, CheckFailed) as exc:
+        findings.warn(f"{said}; asked again with max_tokens {LONGER_BUDGET}, which failed: {exc}")
+        return
+    if not retry.text.strip():
+        findings.warn(f"{said}; asked again with max_tokens {LONGER_BUDGET}: still no content "
+                      f"({len(retry.reasoning)} characters of reasoning, finish_reason {retry.finish_reason!r})")
+        return
+    findings.note(f"{said}; asked again with max_tokens {LONGER_BUDGET}: answer {quoted(retry.text)}")
+    check_correct_answer(retry.text, findings)
+    ctx.facts["chat_text_longer"] = retry.text
 
 # ---- chat_stream -------------------------------------------------------------------------------------------------
 
@@ -131,6 +167,31 @@ async def chat_stream(ctx: CheckContext, evidence: Evidence) -> Verdict:
     if not cut_off:
         # A stream cut short lacks its finish, usage and the rest of its text as a consequence; listing those
         # would bury the cause.
-        judge_stream_completion(reading, findings)
-        compare_with_chat(reading.text, ctx.chat_text, findings)
+        longer = None
+        if not reading.text.strip() and reading.reasoning.strip():
+            longer = await stream_after_thinking(ctx, findings, reading)
+        judge_stream_completion(longer or reading, findings)
+        compare_with_chat((longer or reading).text, ctx.facts.get("chat_text_longer") if longer else ctx.chat_text,
+                          findings)
+        reading = longer or reading
     return findings.verdict(f"answer: {quoted(reading.text)}; {len(reading.chunks)} chunks")
+
+
+async def stream_after_thinking(ctx: CheckContext, findings: Findings, reading: StreamReading
+                                ) -> StreamReading | None:
+    """The streamed twin of `answer_after_thinking`: the stream carried only reasoning, so it is asked for once
+    more with LONGER_BUDGET tokens. The longer stream, when it answered; None (and a warning) otherwise."""
+    assert ctx.model is not None
+    said = (f"the stream spent its 32 tokens thinking ({len(reading.reasoning)} characters of reasoning deltas, "
+            f"no content)")
+    try:
+        reply = await send_stream(ctx, None, chat_request(ctx.model, stream=True) | {"max_tokens": LONGER_BUDGET})
+    except (BadResponse, CheckFailed) as exc:
+        findings.warn(f"{said}; asked again with max_tokens {LONGER_BUDGET}, which failed: {exc}")
+        return None
+    longer = read_chat_stream([event.data for event in reply.events])
+    if not longer.text.strip() or reply.disconnect or not longer.done_seen:
+        findings.warn(f"{said}; asked again with max_tokens {LONGER_BUDGET}: no complete answer either")
+        return None
+    findings.note(f"{said}; asked again with max_tokens {LONGER_BUDGET}")
+    return longer

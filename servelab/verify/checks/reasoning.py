@@ -12,6 +12,8 @@ from typing import Any
 from servelab.verify.checks.common import (chat_body, is_int, quoted, read_chat_stream, send_chat, send_stream,
                                            usage_counts)
 from servelab.verify.checks.registry import CheckContext, Evidence, Findings, Verdict, check, skip
+from servelab.engines.reasoning_families import family_of, fix_for
+from servelab.verify.checks.thinking import judge_thinking, read_signals, served_engine
 
 REASONING_PROMPT = "What is 17 + 25? Think it through step by step, then give the answer."
 REASONING_MAX_TOKENS = 32
@@ -42,10 +44,23 @@ async def reasoning(ctx: CheckContext, evidence: Evidence) -> Verdict:
     field = reasoning_field(answer.message)
     tag = THINK_TAG.search(answer.text)
     if field is None and tag is None:
+        # Untagged thinking in content counts only for a known reasoning family here: the prompt asks for steps,
+        # so any model's answer talks about the request.
+        seen = read_signals(prompt=REASONING_PROMPT, text=answer.text, message=answer.message,
+                            finish_reason=answer.finish_reason, usage=answer.usage, max_tokens=REASONING_MAX_TOKENS,
+                            models=[ctx.model, answer.body.get("model")])
+        if seen.thinking_in_content:
+            findings = Findings()
+            await judge_thinking(ctx, seen, findings, "message")
+            return findings.verdict(f"content {quoted(answer.text, 60)}")
         return skip("the model shows no reasoning: no reasoning_content or reasoning field, no <think> in content")
     findings = Findings()
     if tag is not None:
-        findings.fail(f"reasoning arrived inside content: {quoted(tag.group())} at character {tag.start()}")
+        family = family_of(ctx.model, answer.body.get("model"))
+        fix = fix_for(await served_engine(ctx), family)
+        findings.fail(f"reasoning arrived inside content: {quoted(tag.group())} at character {tag.start()}"
+                      + (f" ({family.name} is a reasoning model)" if family else "")
+                      + f"; fix: {fix}")
     if field is not None:
         findings.note(f"reasoning in message.{field} ({len(answer.message[field])} characters)")
         judge_reasoning_count(answer.usage, findings)
