@@ -138,6 +138,7 @@ def summarize(records: Sequence[RequestRecord], *, tag: str, mode: str, concurre
     timing_method = None  # pure timings do not depend on how tokens were counted
 
     in_window_tokens = sum(e.tokens for r in ok for e in r.events if ws <= e.t_ns <= we)
+    in_window_answer = sum(e.tokens for r in ok for e in r.events if ws <= e.t_ns <= we and e.kind == "answer")
     completed_in_window = sum(1 for r in ok if r.t_end_ns is not None and ws <= r.t_end_ns <= we)
     figures: dict[str, Figure] = {
         "output_tok_s": Figure(value=in_window_tokens / window_s if window_s > 0 else None, unit="tok/s",
@@ -153,6 +154,14 @@ def summarize(records: Sequence[RequestRecord], *, tag: str, mode: str, concurre
         "e2e_ms": _fig((_ms(e2e_ns(r)) for r in ok), "ms", "e2e", timing_method),
         "output_tokens": _fig((r.output_tokens for r in ok), "tokens", "output-tokens", method,
                               headline="mean"),
+        # Reasoning apart from the answer (docs/metrics.md#reasoning): the figures that mean the same whether or
+        # not an engine thinks.
+        "answer_tok_s": Figure(value=in_window_answer / window_s if window_s > 0 else None, unit="tok/s",
+                               definition="answer-tok-s", counted_by=method),
+        "reasoning_tokens": _fig((r.reasoning_tokens for r in ok), "tokens", "reasoning-tokens", method,
+                                 headline="mean"),
+        "answer_tokens": _fig((r.answer_tokens for r in ok), "tokens", "answer-tokens", method, headline="mean"),
+        "reasoning_share": reasoning_share(ok, method),
     }
     lags = [(r.t_send_ns - r.scheduled_ns) / NS_PER_MS for r in measured if r.scheduled_ns is not None]
     if lags:
@@ -176,6 +185,24 @@ def summarize(records: Sequence[RequestRecord], *, tag: str, mode: str, concurre
                    failed=len(failed), cancelled=len(cancelled),
                    errors=dict(Counter(r.error_kind or "unknown" for r in failed)),
                    window_s=window_s, figures=figures, warnings=warnings)
+
+
+def reasoning_share(ok: Sequence[RequestRecord], method) -> Figure:
+    """The fraction of output tokens that were reasoning: over all successful requests' tokens (the value), and
+    request by request (the distribution)."""
+    total = sum(r.output_tokens for r in ok)
+    per_request = [r.reasoning_tokens / r.output_tokens for r in ok if r.output_tokens]
+    return Figure(value=sum(r.reasoning_tokens for r in ok) / total if total else None, unit="fraction",
+                  definition="reasoning-share", counted_by=method, dist=distribution(per_request))
+
+
+def saw_reasoning(levels: Iterable[Summary]) -> bool:
+    """Whether any level counted a reasoning token (tables show the reasoning figures only then)."""
+    for s in levels:
+        fig = s.figures.get("reasoning_tokens")
+        if fig is not None and fig.dist is not None and fig.dist.max > 0:
+            return True
+    return False
 
 
 def token_accounting_warnings(ok: Sequence[RequestRecord]) -> list[str]:
@@ -262,6 +289,11 @@ def peak_figures(levels: Sequence[Summary], *, load_key: str, load: Callable[[Su
     best = max(levels, key=lambda s: s.figures["output_tok_s"].value or 0.0)
     fig = best.figures["output_tok_s"].model_copy()
     fig.note = note(best)
-    return {"peak.output_tok_s": fig,
-            f"peak.{load_key}": Figure(value=load(best), unit=load_unit, definition="peak-output-tok-s"),
-            "peak.request_s": best.figures["request_s"]}
+    out = {"peak.output_tok_s": fig,
+           f"peak.{load_key}": Figure(value=load(best), unit=load_unit, definition="peak-output-tok-s"),
+           "peak.request_s": best.figures["request_s"]}
+    if "answer_tok_s" in best.figures:  # at the same level: the answer part of the peak's output
+        answer = best.figures["answer_tok_s"].model_copy()
+        answer.note = note(best)
+        out["peak.answer_tok_s"] = answer
+    return out

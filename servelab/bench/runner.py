@@ -139,7 +139,8 @@ def headline(result: BenchResult) -> dict[str, Figure]:
         single = next((s for s in result.levels if s.concurrency == 1), None)
     if single is not None:
         prefix = "single"
-        for key in ("decode_tok_s", "output_tok_s", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+        for key in ("decode_tok_s", "output_tok_s", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "ttfo_ms",
+                    "answer_tok_s", "reasoning_tokens", "answer_tokens", "reasoning_share"):
             if key in single.figures:
                 out[f"{prefix}.{key}"] = single.figures[key]
     conc_levels = [s for s in result.levels if s.mode == "concurrency" and is_measured(s)

@@ -23,7 +23,7 @@ from servelab.records import RequestRecord, SteadyState, Summary
 
 # Aggregate figures that mean nothing without a steady window; per-request latencies stay (they are real
 # measurements of the requests that finished).
-AGGREGATE_KEYS = ("output_tok_s", "request_s", "goodput_req_s")
+AGGREGATE_KEYS = ("output_tok_s", "answer_tok_s", "request_s", "goodput_req_s")
 KEEP_UP_FRACTION = 0.5  # open loop: completions in the window below this share of those due in it
 KEEP_UP_MIN_DUE = 4  # fewer due than this: too few to say
 TOLERANCE_S = 1e-6  # a window that ends where K x p50 is reached is long enough, whatever the float rounding

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from servelab.bench.metrics import summarize
 from servelab.records import BenchResult, Figure, RequestRecord, Summary, Trial
 
-AGGREGATE_KEYS = ("output_tok_s", "request_s", "goodput_req_s")
+AGGREGATE_KEYS = ("output_tok_s", "answer_tok_s", "request_s", "goodput_req_s")
 
 
 def is_contended(trial: Trial) -> bool:
