@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from servelab.compare.metrics import run_reasoning_share
 from servelab.compare.sources import RunData
 
 # What describes the server rather than the workload: expected to differ between cells.
@@ -51,4 +52,25 @@ def comparability_warnings(baseline: RunData, others: list[RunData]) -> list[str
             if a and b and a.counted_by != b.counted_by:
                 warnings.append(f"{key}: tokens counted by {a.counted_by} for {baseline.name} but by "
                                 f"{b.counted_by} for {run.name}")
+        shares = reasoning_share_warning(baseline, run)
+        if shares:
+            warnings.append(shares)
     return warnings
+
+
+# Reasoning shares this far apart (or one run thinking and the other not at all) make output tok/s, tokens per
+# request and TTFT count different things.
+SHARE_DIFFERENCE = 0.05
+
+
+def reasoning_share_warning(a: RunData, b: RunData) -> str | None:
+    """Say when two runs differ in the share of their output that was reasoning, and what to compare instead."""
+    sa, sb = run_reasoning_share(a), run_reasoning_share(b)
+    if sa is None or sb is None or ((sa == 0) == (sb == 0) and abs(sa - sb) < SHARE_DIFFERENCE):
+        return None
+    why = ("one thinks and the other does not: a model that does not reason, thinking turned off, or an engine "
+           "launched without its reasoning parser, whose thinking then counts as answer" if (sa == 0) != (sb == 0)
+           else "different models, prompts or thinking budgets")
+    return (f"reasoning shares differ: {a.name} {sa * 100:.0f} % of output tokens, {b.name} {sb * 100:.0f} % "
+            f"({why}): output tok/s, tokens per request and TTFT count thinking as output; compare the "
+            f"answer-only figures: TTFO and answer tok/s")

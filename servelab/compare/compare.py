@@ -15,7 +15,7 @@ from servelab import SCHEMA_VERSION
 from servelab.compare.bootstrap import (CONFIDENCE, RESAMPLES, Interval, Trials, figure_interval,
                                          ratio_interval)
 from servelab.compare.comparability import comparability_warnings
-from servelab.compare.metrics import KEY_METRICS, KeyMetric
+from servelab.compare.metrics import KEY_METRICS, KeyMetric, run_reasoning_share
 from servelab.compare.sources import RunData
 from servelab.errors import UserError
 
@@ -50,6 +50,7 @@ class Row(BaseModel):
     unit: str
     higher_is_better: bool
     definition: str
+    neutral: bool = False  # neither better nor worse, only different (the reasoning share): no verdict
     figures: list[FigureCell]  # one per run, the baseline first
     ratios: list[RatioCell]  # one per run, the baseline's says "baseline"
 
@@ -91,7 +92,10 @@ def compare_runs(runs: list[RunData]) -> Comparison:
     samplers = [{k: (metric.resampler(run) if metric.resampler and not run.literal else None)
                  for k, metric in KEY_METRICS.items()} for run in runs]
     rows: list[Row] = []
+    thought = any((run_reasoning_share(run) or 0) > 0 for run in runs)
     for key, metric in KEY_METRICS.items():
+        if metric.reasoning_only and not thought:
+            continue
         if metric.value(baseline) is None or all(metric.value(run) is None for run in others):
             continue
         figures = [_figure_cell(run, metric, samplers[i][key]) for i, run in enumerate(runs)]
@@ -99,7 +103,7 @@ def compare_runs(runs: list[RunData]) -> Comparison:
         for i, run in enumerate(others, start=1):
             ratios.append(_ratio_cell(metric, baseline, run, samplers[0][key], samplers[i][key]))
         rows.append(Row(key=key, label=metric.label, unit=metric.unit, higher_is_better=metric.higher_is_better,
-                        definition=metric.definition, figures=figures, ratios=ratios))
+                        definition=metric.definition, figures=figures, ratios=ratios, neutral=metric.neutral))
     if not rows:
         names = ", ".join(r.name for r in others)
         raise NoCommonMetrics(f"no common metrics: {baseline.name} and {names} share none of "
@@ -222,6 +226,8 @@ def regressions(comparison: Comparison, pct: float) -> list[str]:
     change is itself past the threshold. A figure without an interval is judged on its value (and says so)."""
     found: list[str] = []
     for row in comparison.rows:
+        if row.neutral:
+            continue
         for run, cell in zip(comparison.runs[1:], row.ratios[1:]):
             if cell.ratio is None:
                 continue

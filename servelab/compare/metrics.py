@@ -29,6 +29,10 @@ class KeyMetric:
     figure: Callable[[RunData], Figure | None] | None = None
     # What the figure was measured at, when that can differ between runs (e.g. "c4").
     where: Callable[[RunData], str | None] | None = None
+    # Shown only when some run of the comparison counted reasoning tokens (the answer-only figures equal the
+    # plain ones otherwise); `neutral`: no better or worse, only different (the reasoning share).
+    reasoning_only: bool = False
+    neutral: bool = False
 
     def value(self, run: RunData) -> float | None:
         # literal figures are typed by key; a measured run's figure is read where the metric says
@@ -101,24 +105,46 @@ def _trial_level(run: RunData, tag: str, trial: int) -> Summary | None:
     return None
 
 
-def _peak_throughput(run: RunData) -> Resampler | None:
+def _peak_throughput(run: RunData, kind: str | None = None) -> Resampler | None:
+    """Output tok/s at the peak level; with `kind` ("answer"), only the tokens of that kind (answer tok/s)."""
+    key = "answer_tok_s" if kind == "answer" else "output_tok_s"
+
     def part(run: RunData, pooled: Summary, trial: int) -> Resampler | None:
         level = _trial_level(run, pooled.tag, trial) or (pooled if len(run.counted) == 1 else None)
         records = run.records_of(pooled.tag, trial)
         if level is None or not records or level.window_s <= 0:
             return None
-        fig = level.figures.get("output_tok_s")
+        fig = level.figures.get(key)
         if fig is None or not fig.value:
             return None  # not measured in this trial (too short for a steady state)
         # The level's window began at its first send (bench/loads: the level starts, then the first request
         # goes); the figure is tokens received inside it over its length.
         start = min(r.t_send_ns for r in records)
-        counts, bin_s = time_bins([(e.t_ns, e.tokens) for r in records for e in r.events], start, level.window_s)
+        counts, bin_s = time_bins([(e.t_ns, e.tokens) for r in records for e in r.events
+                                   if kind is None or e.kind == kind], start, level.window_s)
         if not sum(counts):
             return None
         observed = sum(counts) / level.window_s
         return BinnedRate(counts, bin_s, scale=fig.value / observed if observed else 1.0)
     return _over_trials(run, peak_level(run), part)
+
+
+def _peak_answer_throughput(run: RunData) -> Resampler | None:
+    """Answer tok/s at the peak level: the peak's resampler over answer tokens only."""
+    return _peak_throughput(run, kind="answer")
+
+
+def run_reasoning_share(run: RunData) -> float | None:
+    """Reasoning tokens over output tokens of every measured, successful request of the run (trials that
+    count); None for literal figures or a run without records."""
+    records = [r for r in run.records if not r.warmup and r.ok and r.trial in set(run.counted)]
+    total = sum(r.output_tokens for r in records)
+    return sum(r.reasoning_tokens for r in records) / total if total else None
+
+
+def _share_figure(run: RunData) -> Figure | None:
+    share = run_reasoning_share(run)
+    return Figure(value=share * 100, unit="%", definition="reasoning-share") if share is not None else None
 
 
 def _ms(ns: int | None) -> float | None:
@@ -140,5 +166,14 @@ _LIST = [
               where=lambda run: (lambda lv: lv.tag if lv else None)(top_level(run))),
     # Goodput exists when the bench had SLO targets (an SLO search); compared as a figure, without an interval.
     KeyMetric("slo.goodput_req_s", "goodput req/s (SLO search)", "req/s", True, "goodput"),
+    # Reasoning apart (docs/metrics.md#reasoning), when some run thought: the answer-only figures mean the same
+    # whether or not an engine thinks (or was launched without its reasoning parser); the share says how much
+    # of each run's output was thinking.
+    KeyMetric("single.ttfo_ms", "single-stream TTFO ms (p50)", "ms", False, "ttfo",
+              _per_request(lambda r: _ms(m.ttfo_ns(r))), reasoning_only=True),
+    KeyMetric("peak.answer_tok_s", "answer tok/s at peak", "tok/s", True, "answer-tok-s", _peak_answer_throughput,
+              reasoning_only=True),
+    KeyMetric("reasoning_share", "reasoning share of output tokens %", "%", False, "reasoning-share",
+              figure=_share_figure, reasoning_only=True, neutral=True),
 ]
 KEY_METRICS: dict[str, KeyMetric] = {k.key: k for k in _LIST}

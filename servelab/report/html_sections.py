@@ -39,7 +39,7 @@ def comparison_section(c: Comparison) -> str:
                                                                           "representative") for r in c.runs]
     rows = []
     for row in c.rows:
-        cells = [e(row.label + (" ↑" if row.higher_is_better else " ↓"))]
+        cells = [e(row.label + ("" if row.neutral else " ↑" if row.higher_is_better else " ↓"))]
         for fig, ratio in zip(row.figures, row.ratios):
             if fig.value is None:
                 cells.append("–")
@@ -94,6 +94,7 @@ def run_section(run: RunData, answers: list[str]) -> str:
         parts.append("<h3>Levels, trial by trial</h3>" + _table(
             ["trial", "", "level", "ok/sent", "output tok/s", "decode tok/s p50", "TTFT ms p50", "TTFT p99",
              "ITL ms p50", "ITL p99", "window s", "machine"], levels, numeric=set(range(3, 11))))
+    parts.append(reasoning_table(trials))
     if run.launch is not None:
         phases = [[e(p.name), e(fmt(p.start_s, 2)), e(fmt(p.end_s, 2)), e(p.detail)] for p in run.launch.phases]
         parts.append(f"<h3>Start-up</h3><p>{e(run.launch.engine)}: {e(run.launch.verdict.state)} "
@@ -132,3 +133,25 @@ def _v(figures: dict, name: str) -> float | None:
 def _p(figures: dict, name: str, stat: str) -> float | None:
     fig = figures.get(name)
     return getattr(fig.dist, stat) if fig and fig.dist else None
+
+
+def reasoning_table(trials: list) -> str:
+    """Reasoning and answer tokens per level, trial by trial, when any reasoning was seen; "" otherwise
+    (docs/metrics.md#reasoning)."""
+    from servelab.bench.metrics import saw_reasoning
+
+    levels = [(trial.index, s) for trial in trials for s in trial.levels]
+    if not saw_reasoning([s for _, s in levels]):
+        return ""
+    rows = []
+    for index, s in levels:
+        f = s.figures
+        share = _v(f, "reasoning_share")
+        rows.append([e(index + 1), e(s.tag), e(fmt(_v(f, "reasoning_tokens"))),
+                     e(fmt(_p(f, "reasoning_tokens", "p50"))), e(fmt(_v(f, "answer_tokens"))),
+                     e(fmt(_p(f, "answer_tokens", "p50"))),
+                     e("–" if share is None else f"{share * 100:.1f} %"), e(fmt(_v(f, "answer_tok_s"))),
+                     e(fmt(_v(f, "output_tok_s"))), e(fmt(_p(f, "ttfo_ms", "p50")))])
+    return "<h3>Reasoning and answer tokens</h3>" + _table(
+        ["trial", "level", "reasoning tok/req (mean)", "p50", "answer tok/req (mean)", "p50", "reasoning share",
+         "answer tok/s", "output tok/s", "TTFO ms p50"], rows, numeric=set(range(2, 10)))

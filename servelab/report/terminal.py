@@ -65,6 +65,7 @@ def render_levels(console: Console, result: BenchResult) -> None:
                       fmt(f["decode_tok_s"].value), *_dist_cells(f.get("ttft_ms")), *_dist_cells(f.get("itl_ms")),
                       fmt(f["e2e_ms"].value, 0))
     console.print(table)
+    render_reasoning(console, result.levels)
     if any(s.environment is not None and s.environment.contended for s in result.levels):
         console.print(Text(f"  {BUSY_MARK}: the machine was not quiet during the level (docs/metrics.md#contended);"
                            " why, in its warning below", style="yellow"))
@@ -168,3 +169,28 @@ def level_line(s: Summary) -> str:
     rate = ("tok/s not measured (too short for a steady state)" if s.steady is not None and not s.steady.measured
             else f"{fmt(s.figures['output_tok_s'].value)} tok/s")
     return f"{s.tag}: {rate}, {sent_cell(s, ' ok')}, TTFT p50 {fmt(s.figures['ttft_ms'].value, 0)} ms"
+
+
+def render_reasoning(console: Console, levels: list[Summary]) -> None:
+    """Reasoning and answer apart, per level, when any reasoning was seen (docs/metrics.md#reasoning): mean
+    tokens per request of each, the reasoning share of the output, and answer tok/s beside output tok/s."""
+    from servelab.bench.metrics import saw_reasoning
+
+    if not saw_reasoning(levels):
+        return
+    table = Table(title="reasoning and answer tokens", title_justify="left")
+    for col in ("level", "reasoning tok/req", "answer tok/req", "reasoning %", "answer tok/s", "output tok/s",
+                "TTFO ms p50"):
+        table.add_column(col, justify="right")
+    for s in levels:
+        f = s.figures
+        share = f["reasoning_share"].value if "reasoning_share" in f else None
+        table.add_row(s.tag, fmt(_value(f, "reasoning_tokens")), fmt(_value(f, "answer_tokens")),
+                      "–" if share is None else f"{share * 100:.0f} %", fmt(_value(f, "answer_tok_s")),
+                      fmt(_value(f, "output_tok_s")), fmt(_value(f, "ttfo_ms"), 0))
+    console.print(table)
+
+
+def _value(figures: dict[str, Figure], key: str) -> float | None:
+    fig = figures.get(key)
+    return fig.value if fig is not None else None
