@@ -1,7 +1,7 @@
 """The command line: parse arguments, call one library function, render its result. Nothing else lives here.
 
 Exit codes: 0 ok, 1 a check or gate failed, 2 a usage or set-up error (one line on stderr, no traceback unless
---debug), 130 interrupted.
+--debug), 130 interrupted by Ctrl-C, 143 by SIGTERM, 129 by SIGHUP (both behave as Ctrl-C: servelab/interrupts.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from servelab import __version__, aio
+from servelab import __version__, aio, interrupts
 from servelab.errors import EngineFailed, UserError
 from servelab.textsafe import InertConsole, inert, inert_markup
 
@@ -268,7 +268,7 @@ def bench_cmd(
         if rundir:
             console.print(f"written to {rundir.path}")
     if result.interrupted:
-        raise typer.Exit(130)
+        raise typer.Exit(interrupts.exit_code())
     broken = error_gate(result.levels, options.max_error_rate)
     if broken:
         for reason in broken:
@@ -376,7 +376,7 @@ def run_cmd(
     if as_json:
         print(result.model_dump_json(indent=2))
     if result.status == "interrupted":
-        raise typer.Exit(130)
+        raise typer.Exit(interrupts.exit_code())
     if result.any_failed:
         raise typer.Exit(1)
 
@@ -596,6 +596,7 @@ def report_cmd(
 def main() -> None:
     # A closed pipe (servelab … | head) is not an error worth a traceback.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    interrupts.install()  # SIGTERM and SIGHUP stop servelab as Ctrl-C does
     try:
         app()
     except EngineFailed as exc:
@@ -611,8 +612,16 @@ def main() -> None:
                           highlight=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
+        how = interrupts.received()
+        err_console.print("interrupted" + (f" by {signal.Signals(how).name}" if how else ""))
+        sys.exit(interrupts.exit_code())
+    except SystemExit as exc:
+        # typer turns a KeyboardInterrupt in a command into exit 130; SIGTERM and SIGHUP say which they were.
+        how = interrupts.received()
+        if exc.code == 130 and how is not None:
+            err_console.print(f"interrupted by {signal.Signals(how).name}")
+            sys.exit(interrupts.exit_code())
+        raise
     except Exception:
         if _state["debug"] or os.environ.get("SERVELAB_DEBUG"):
             raise

@@ -8,7 +8,13 @@ terminal's Ctrl-C away from the engine, so servelab decides how the engine stops
 Why PR_SET_PDEATHSIG: if servelab itself is SIGKILLed it runs no cleanup, and the engine (in its own session)
 would keep running. The kernel sends SIGTERM to the engine when its parent dies. Two limits: the signal fires when
 the *thread* that forked the child exits (start engines from a long-lived thread, e.g. the main thread), and it
-reaches only the direct child; the engine's own workers depend on the engine to stop them.
+reaches only the direct child.
+
+Why a guard (lifecycle/guard.py): past the direct child, a launcher that forks its server, or a server that
+double-forks into a session of its own, would outlive a SIGKILLed servelab and keep the port. Every process the
+engine starts inherits a mark in its environment (SERVELAB_TREE=<id>); a guard process, in a session of its own,
+waits for servelab to go away (the end of a pipe only servelab holds) and then stops the engine's group and every
+marked process. `stop()` finds the marked processes the same way, so a clean stop reaches them too.
 """
 
 from __future__ import annotations
@@ -21,10 +27,13 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
+
+from servelab.lifecycle import guard as _guard
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _LINE_SEPARATORS = re.compile(rb"[\r\n]")  # tqdm rewrites its line with \r: each rewrite is a line for us
@@ -80,13 +89,17 @@ def split_lines(data: bytes) -> list[str]:
 class SupervisedProcess:
     """A started command. Created by `start_process`."""
 
-    def __init__(self, popen: subprocess.Popen, command: Sequence[str], log_path: Path, log_offset: int):
+    def __init__(self, popen: subprocess.Popen, command: Sequence[str], log_path: Path, log_offset: int,
+                 tree_id: str | None = None):
         self._popen = popen
         self.command = list(command)
         self.log_path = log_path
         self.log_offset = log_offset  # where this process's output starts in a log that may hold earlier runs
         self.pid: int = popen.pid
         self.pgid: int = popen.pid  # start_new_session: the child leads its own group
+        self.tree_id = tree_id  # the SERVELAB_TREE mark every process of the engine inherits (guard.py)
+        self._guard: subprocess.Popen | None = None
+        self._guard_pipe: int | None = None  # servelab's end: when it closes, the guard stops the engine's tree
 
     # ---- exit status ----
     def poll(self) -> int | None:
@@ -137,12 +150,23 @@ class SupervisedProcess:
         return bool(self.group_pids())
 
     def _descendants(self) -> list[psutil.Process]:
-        if self._popen.poll() is not None:
-            return []  # reaped: the pid may already belong to someone else, whose children are not ours
-        try:
-            return psutil.Process(self.pid).children(recursive=True)
-        except psutil.Error:
-            return []
+        """The engine's processes outside its group too: its live descendants, and every process carrying its
+        mark (a server that double-forked into a session of its own is nobody's descendant any more)."""
+        tree: list[psutil.Process] = []
+        if self._popen.poll() is None:  # once reaped, the pid may belong to someone else, whose children are not ours
+            try:
+                tree = psutil.Process(self.pid).children(recursive=True)
+            except psutil.Error:
+                tree = []
+        if self.tree_id:
+            known = {p.pid for p in tree}
+            for pid in _guard.marked_pids(self.tree_id):
+                if pid not in known and pid != self.pid:
+                    try:
+                        tree.append(psutil.Process(pid))
+                    except psutil.Error:
+                        continue
+        return tree
 
     def _signal(self, sig: signal.Signals, tree: list[psutil.Process]) -> None:
         try:
@@ -180,8 +204,41 @@ class SupervisedProcess:
                 self._wait_gone(5.0, tree)
         except KeyboardInterrupt:
             self._signal(signal.SIGKILL, tree)
+            self._release_guard()
             raise
-        return self.wait(1.0)
+        code = self.wait(1.0)
+        self._release_guard()
+        return code
+
+    # ---- the guard ----
+    def _start_guard(self) -> None:
+        """Start the guard that stops this engine's tree if servelab goes away without stopping it."""
+        if not self.tree_id or not sys.platform.startswith("linux"):
+            return
+        read_end, write_end = os.pipe()  # both non-inheritable: no engine started later holds servelab's end
+        try:
+            self._guard = subprocess.Popen(
+                [sys.executable, "-I", "-S", _guard.__file__, str(self.pgid), self.tree_id], stdin=read_end,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                env={"PATH": os.environ.get("PATH", "")})
+        except OSError:
+            os.close(write_end)
+            return
+        finally:
+            os.close(read_end)
+        self._guard_pipe = write_end
+
+    def _release_guard(self) -> None:
+        """The engine was stopped: close servelab's end, so the guard looks once more and exits."""
+        if self._guard_pipe is not None:
+            os.close(self._guard_pipe)
+            self._guard_pipe = None
+        if self._guard is not None:
+            try:
+                self._guard.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass  # still sweeping a leftover: it ends on its own; a later Popen reaps it
+            self._guard = None
 
     # ---- the log ----
     def log_tail(self, n: int = 20) -> list[str]:
@@ -223,11 +280,14 @@ def start_process(command: Sequence[str], log_path: Path, env: Mapping[str, str]
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **(env or {})}
+    tree_id = uuid.uuid4().hex
+    full_env = {**os.environ, **(env or {}), _guard.TREE_VAR: tree_id}
     with open(log_path, "ab") as log:
         offset = log.tell()
         popen = subprocess.Popen(
             list(command), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=full_env,
             cwd=cwd, start_new_session=True, preexec_fn=_pdeathsig_preexec(), close_fds=True)
     # The child holds its own copy of the log descriptor; ours is closed by the `with`.
-    return SupervisedProcess(popen, command, log_path, offset)
+    process = SupervisedProcess(popen, command, log_path, offset, tree_id=tree_id)
+    process._start_guard()
+    return process
