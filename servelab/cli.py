@@ -18,12 +18,14 @@ from rich.console import Console
 
 from servelab import __version__, aio, interrupts
 from servelab.errors import EngineFailed, UserError
+from servelab.report.tables import make_console
 from servelab.textsafe import InertConsole, inert, inert_markup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Bring LLM inference servers up, verify them, benchmark them honestly.")
 # InertConsole: no text servelab prints can carry a terminal control sequence (servelab/textsafe.py).
-console = InertConsole()
+# stdout: the terminal's width on a terminal; through a pipe or into a file, no width limit (report/tables.py).
+console = make_console()
 # Errors are one line each: never wrapped at the terminal width (tests and scripts read them whole).
 err_console = InertConsole(stderr=True, soft_wrap=True)
 _state = {"debug": False}
@@ -33,6 +35,32 @@ ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Model id
                                                                           "first one the server lists).")]
 ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="SERVELAB_API_KEY", show_default=False,
                                                   help="Bearer token for the server. Never written anywhere.")]
+
+
+# The engines `up` can launch (engines/__init__.py REGISTRY; a test keeps the two in step). Written out rather
+# than imported: the registry imports every adapter, which `servelab --help` should not wait for.
+ENGINES_HELP = ("llamacpp (the embedded llama.cpp, default model smollm2), llama-server, llama-cpp-python, vllm, "
+                "sglang, tgi, transformers-serve, command (any command line after --), replay-sglang and "
+                "replay-vllm (SGLang's and vLLM's start-ups replayed)")
+
+
+def _help_keeps_hyphenated_words() -> None:
+    """Help text wraps at spaces only: `rate-sweep` or `--max-error-rate` split at a hyphen across two lines is
+    an option nobody can copy. (typer's vendored click wraps with textwrap's default, break_on_hyphens=True.)"""
+    try:
+        from typer._click import _textwrap
+    except ImportError:  # another typer: its help may wrap differently, nothing to adjust
+        return
+    original = _textwrap.TextWrapper.__init__
+
+    def init(self, *args, **kwargs) -> None:
+        kwargs.setdefault("break_on_hyphens", False)
+        original(self, *args, **kwargs)
+
+    _textwrap.TextWrapper.__init__ = init
+
+
+_help_keeps_hyphenated_words()
 
 
 def _version(value: bool) -> None:
@@ -57,7 +85,7 @@ def _out_console(as_json: bool) -> Console:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def up(
     ctx: typer.Context,
-    engine: Annotated[str, typer.Argument(help="Engine to launch, e.g. llamacpp.")],
+    engine: Annotated[str, typer.Argument(help=f"Engine to launch: {ENGINES_HELP}.")],
     model: Annotated[str, typer.Option("--model", "-m", help="Known model name (smollm2) or a path.")] = "smollm2",
     port: Annotated[Optional[int], typer.Option(help="Port (default: a free one).")] = None,
     host: Annotated[str, typer.Option(help="Interface to bind; loopback unless you ask.")] = "127.0.0.1",
@@ -189,8 +217,10 @@ def bench_cmd(
     max_rate: Annotated[float, typer.Option(help="Highest rate a ramp or a search tries (req/s).")] = 256.0,
     max_probes: Annotated[int, typer.Option(help="slo-search: most levels to run.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed for arrival times, synthetic prompts and lengths.")] = 0,
-    out: Annotated[Optional[Path], typer.Option(help="Write summary.json and records.jsonl under this "
-                                                     "directory.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write summary.json and records.jsonl in a run directory "
+                                                     "under this one, and store the run in its servelab.db "
+                                                     "(`servelab runs`).")] = None,
+    store: StoreOpt = None,
     csv: Annotated[bool, typer.Option("--csv", help="With --out: also write records.csv and levels.csv "
                                                     "(docs/output.md).")] = False,
     tokenizer: Annotated[str, typer.Option(help="How to count tokens when the server gives no per-chunk counts: "
@@ -215,8 +245,10 @@ def bench_cmd(
     from servelab.bench.options import BenchArgs, build_options
     from servelab.bench.runner import bench
     from servelab.report.terminal import render_headline, render_levels
+    from servelab.store.db import Store, default_store_path
     from servelab.store.export import export_csv
     from servelab.store.rundir import RunDir
+    from servelab.store.runs import save_bench
 
     if csv and out is None:
         raise UserError("--csv writes next to the run's JSON: give --out DIR too")
@@ -241,11 +273,18 @@ def bench_cmd(
                 rundir.append_record(record)
 
         result = bench(url, options, on_record=on_record)
+    broken = error_gate(result.levels, options.max_error_rate)
+    stored_in = None
     if rundir:
         rundir.close()
         rundir.write_json("summary.json", result)
         if csv:
             export_csv(records, result.levels, rundir.path)
+        stored_in = store or default_store_path(out)
+        with Store.open(stored_in) as db:  # listed by `servelab runs`, read by show, compare, report, export
+            save_bench(db, result, records, rundir.path, rundir.run_id,
+                       status="interrupted" if result.interrupted else "failed" if broken else "complete",
+                       error="; ".join(broken) if broken else None)
     if as_json:
         print(result.model_dump_json(indent=2))
     else:
@@ -266,10 +305,10 @@ def bench_cmd(
                           + (f"; goodput there {goodput.value:.2f} req/s" if goodput and goodput.value else "")
                           + f" ({s.get('stop_reason')})", highlight=False)
         if rundir:
-            console.print(f"written to {rundir.path}")
+            console.print(f"written to {rundir.path}; stored as run {rundir.run_id} in {stored_in}",
+                          highlight=False)
     if result.interrupted:
         raise typer.Exit(interrupts.exit_code())
-    broken = error_gate(result.levels, options.max_error_rate)
     if broken:
         for reason in broken:
             err_console.print(f"error gate: {reason}", highlight=False, markup=False)
@@ -389,9 +428,10 @@ def selftest(
     as_json: JsonOpt = False,
 ) -> None:
     """Measure how much streaming load this machine's client times accurately (against the calibration server)."""
-    from rich.table import Table
+    from rich.text import Text
 
     from servelab.bench.selftest import run_selftest, save
+    from servelab.report.tables import Col, print_table
 
     ui = _out_console(as_json)
     with ui.status("selftest: starting the calibration server") as status:
@@ -405,14 +445,12 @@ def selftest(
     if as_json:
         print(result.model_dump_json(indent=2))
         return
-    table = Table(title=f"client timing accuracy (tolerance {tolerance:g} ms at p99)", title_justify="left")
-    for col in ("streams", "events/s", "tokens/s", "req/s", "error p50 ms", "error p99 ms", "max ms", "ok"):
-        table.add_column(col, justify="right")
-    for lv in result.levels:
-        table.add_row(str(lv.streams), f"{lv.events_s:,.0f}", f"{lv.tokens_s:,.0f}", f"{lv.requests_s:,.1f}",
-                      f"{lv.error_ms_p50:.3f}", f"{lv.error_ms_p99:.3f}", f"{lv.error_ms_max:.2f}",
-                      "yes" if lv.within_tolerance else "[red]no[/red]")
-    console.print(table)
+    rows = [[str(lv.streams), f"{lv.events_s:,.0f}", f"{lv.tokens_s:,.0f}", f"{lv.requests_s:,.1f}",
+             f"{lv.error_ms_p50:.3f}", f"{lv.error_ms_p99:.3f}", f"{lv.error_ms_max:.2f}",
+             Text("yes") if lv.within_tolerance else Text("no", style="red")] for lv in result.levels]
+    print_table(console, f"client timing accuracy (tolerance {tolerance:g} ms at p99)",
+                [Col("streams"), Col("events/s"), Col("tokens/s"), Col("req/s"), Col("error\np50 ms"),
+                 Col("error\np99 ms"), Col("max ms"), Col("ok")], rows)
     if result.ceiling_streams:
         console.print(f"ceiling: {result.ceiling_streams} streams, {result.ceiling_events_s:,.0f} events/s, "
                       f"{result.ceiling_tokens_s:,.0f} tok/s within {tolerance:g} ms (saved to {path}; bench warns "
@@ -507,7 +545,7 @@ def show_cmd(
     from servelab.store.db import default_store_path
 
     with open_store_if_present(store or default_store_path(out)) as db:
-        data = gather_runs([run], [], db)[0]
+        data = gather_runs([run], [], db, store or default_store_path(out))[0]
     if as_json:
         doc = {"name": data.name, "ref": data.ref, "status": data.status, "error": data.error,
                "headline": {k: f.model_dump() for k, f in data.headline.items()},
@@ -547,7 +585,7 @@ def compare_cmd(
     if fail_on_regression is not None and fail_on_regression < 0:
         raise UserError("--fail-on-regression takes a percentage of 0 or more")
     with open_store_if_present(store or default_store_path(out)) as db:
-        data = gather_runs(list(runs or []), list(baseline or []), db)
+        data = gather_runs(list(runs or []), list(baseline or []), db, store or default_store_path(out))
     comparison = compare_runs(data)
     if as_json:
         print(comparison.model_dump_json(indent=2))
@@ -582,7 +620,7 @@ def report_cmd(
     from servelab.store.db import default_store_path
 
     with open_store_if_present(store or default_store_path(out)) as db:
-        data = gather_runs(runs, [], db)
+        data = gather_runs(runs, [], db, store or default_store_path(out))
     comparison = None
     if len(data) >= 2:
         try:

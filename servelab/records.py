@@ -295,6 +295,8 @@ class BenchResult(BaseModel):
     interrupted: bool = False
     # slo-search only (issue 3): targets, the dimension searched, the bracket, each probe and the answer.
     search: dict[str, Any] | None = None
+    # About the whole bench rather than one level, e.g. a --model the server does not list.
+    warnings: list[str] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -105,3 +105,56 @@ def test_up_refuses_a_missing_model_and_a_busy_port_before_starting(tmp_path: Pa
                               capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and f"port {port}" in done.stderr and "already in use" in done.stderr
     assert "starting" not in done.stdout + done.stderr
+
+
+def test_bench_out_stores_the_run_warns_of_an_unlisted_model_and_show_finds_it(tmp_path: Path) -> None:
+    server = subprocess.Popen([PY, "-m", "servelab.calibration.server", "--port", "0"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+        _, host, port = server.stdout.readline().split()
+        done = subprocess.run([*SERVELAB, "bench", f"http://{host}:{port}", "--mode", "single", "--requests", "3",
+                               "--max-tokens", "8", "--model", "gpt-4o", "--out", "runs"], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+    finally:
+        server.kill()
+        server.wait()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warning: model 'gpt-4o' is not among the models the server lists (calibration)" in done.stdout
+    run_id = re.search(r"stored as run (\S+) in runs/servelab.db", done.stdout).group(1)
+    listed = subprocess.run([*SERVELAB, "runs"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run_id in listed.stdout and "gpt-4o" in listed.stdout
+    shown = subprocess.run([*SERVELAB, "show", run_id], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "single bench" in shown.stdout and "single-stream decode tok/s" in shown.stdout
+    # From another directory there is no store: one sentence that says where it looked and what to do.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    lost = subprocess.run([*SERVELAB, "show", run_id], capture_output=True, text=True, timeout=60, cwd=elsewhere)
+    assert lost.returncode == 2
+    assert (f"'{run_id}' is not a run directory, and there is no run store at {elsewhere / 'runs' / 'servelab.db'}"
+            in lost.stderr)
+    assert "--out DIR or --store FILE" in lost.stderr
+    found = subprocess.run([*SERVELAB, "show", run_id, "--out", str(tmp_path / "runs")], capture_output=True,
+                           text=True, timeout=60, cwd=elsewhere)
+    assert found.returncode == 0, found.stderr
+
+
+def test_spec_decoding_acceptance_is_printed_in_the_terminal() -> None:
+    import io
+
+    from servelab.records import ServerEvidence, SpecDecode
+    from servelab.report.terminal import level_line, render_levels
+    from synthetic_runs import synthetic_run
+
+    summary, _ = synthetic_run("spec")
+    bench = summary.trials[0].single
+    level = bench.levels[0]
+    level.server = ServerEvidence(spec_decode=SpecDecode(drafted_tokens=1000, accepted_tokens=720, drafts=250,
+                                                         acceptance_rate=0.72, mean_accepted_length=3.88,
+                                                         source="llamacpp:spec_decode_* counters (/metrics)"))
+    console = Console(file=io.StringIO(), width=200)
+    render_levels(console, bench)
+    text = console.file.getvalue()
+    assert ("single speculative decoding: acceptance 72.0 %, 720 of 1,000 drafted tokens accepted, 3.88 tokens "
+            "per verification step") in text
+    assert level_line(level).endswith(", spec-decode acceptance 72 %")

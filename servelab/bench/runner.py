@@ -94,6 +94,7 @@ class BenchState:
     search: dict | None = None  # slo-search: probes, bracket and answer (plans.slo_search)
     client: StreamClient | None = None  # the run's client, for the requests it recorded as cancelled
     environment: EnvironmentSampler | None = None  # what the machine did during each level (bench/environment.py)
+    warnings: list[str] = field(default_factory=list)  # about the whole bench (BenchResult.warnings)
 
     def collect_cancelled(self) -> None:
         """Pass on the requests that were in flight when the run was interrupted and that no load mode took yet
@@ -126,7 +127,7 @@ class BenchState:
                              ({"load_plan": self.options.plan.describe(self.options.mode)}
                               if self.options.mode in PLAN_MODES else {}),
                              levels=levels, stop_reason=self.stop_reason, interrupted=interrupted,
-                             search=self.search)
+                             search=self.search, warnings=list(self.warnings))
         result.headline = headline(result)
         return result
 
@@ -173,6 +174,10 @@ async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
         pass
     if state.options.model:
         state.model = state.options.model
+        if models and state.model not in models:
+            listed = ", ".join(models[:5]) + (f" and {len(models) - 5} more" if len(models) > 5 else "")
+            state.warnings.append(f"model '{state.model}' is not among the models the server lists ({listed}): "
+                                  f"it may answer with another model, or refuse every request")
     elif models:
         state.model = models[0]
     else:

@@ -22,8 +22,15 @@ from servelab.errors import UserError
 # better / worse: the whole interval on one side of 1 and every trial agreeing; inconsistent: the interval is on
 # one side but the trials are not; contended: a run's only trials were measured on a busy machine, so no
 # direction is claimed (docs/metrics.md#verdicts).
-Verdict = Literal["baseline", "better", "worse", "within noise", "inconsistent", "contended", "no interval",
-                  "missing"]
+# different levels: the figure was read at a different load in each run (TTFT at the top concurrency, c64 against
+# c4), so the ratio is shown and no verdict is given.
+Verdict = Literal["baseline", "better", "worse", "within noise", "inconsistent", "contended", "different levels",
+                  "no interval", "missing"]
+
+
+def fmt_ratio(r: float) -> str:
+    """A ratio for people: two decimals (0.13, 38.00), or two significant digits below 0.1 (0.0033, not 0.00)."""
+    return f"{r:.2f}" if abs(r) >= 0.1 or r == 0 else f"{r:.2g}"
 
 
 class FigureCell(BaseModel):
@@ -121,7 +128,11 @@ def compare_runs(runs: list[RunData]) -> Comparison:
         places = {f.where for f in row.figures if f.where}
         if len(places) > 1:
             comparison.warnings.append(f"{row.label}: measured at different levels ({', '.join(sorted(places))}): "
-                                       f"the runs carried different loads")
+                                       f"the runs carried different loads, so no verdict is given")
+            base_where = row.figures[0].where
+            for fig, cell in zip(row.figures[1:], row.ratios[1:]):
+                if fig.where and base_where and fig.where != base_where and cell.ratio is not None:
+                    cell.verdict = "different levels"
     comparison.verdicts = verdict_sentences(comparison)
     return comparison
 
@@ -229,7 +240,7 @@ def regressions(comparison: Comparison, pct: float) -> list[str]:
         if row.neutral:
             continue
         for run, cell in zip(comparison.runs[1:], row.ratios[1:]):
-            if cell.ratio is None:
+            if cell.ratio is None or cell.verdict == "different levels":  # not the same load: not a regression
                 continue
             if row.higher_is_better:
                 nearest = cell.ci[1] if cell.ci else cell.ratio
@@ -253,24 +264,27 @@ def verdict_sentences(comparison: Comparison) -> list[str]:
         parts = []
         for row in comparison.rows:
             cell = row.ratios[i]
-            if cell.verdict in ("better", "worse", "within noise", "inconsistent", "contended") \
+            if cell.verdict in ("better", "worse", "within noise", "inconsistent", "contended", "different levels") \
                     and cell.ratio is not None and cell.ci is not None:
                 lo, hi = cell.ci
-                said = {"inconsistent": "inconsistent across trials", "contended": "no verdict (contended)"}.get(
-                    cell.verdict, cell.verdict)
-                per_trial = (", trials " + ", ".join(f"×{r:.2f}" for r in cell.trial_ratios)
+                said = {"inconsistent": "inconsistent across trials", "contended": "no verdict (contended)",
+                        "different levels": f"no verdict (measured at {row.figures[i].where} vs "
+                                            f"{row.figures[0].where})"}.get(cell.verdict, cell.verdict)
+                per_trial = (", trials " + ", ".join(f"×{fmt_ratio(r)}" for r in cell.trial_ratios)
                              if cell.trial_ratios else "")
-                parts.append(f"{row.label}: {said} (×{cell.ratio:.2f}, 95 % CI ×{lo:.2f}–×{hi:.2f}{per_trial})")
+                parts.append(f"{row.label}: {said} (×{fmt_ratio(cell.ratio)}, 95 % CI ×{fmt_ratio(lo)}–"
+                             f"×{fmt_ratio(hi)}{per_trial})")
         peak = next((row.ratios[i] for row in comparison.rows if row.key == "peak.output_tok_s"), None)
         if peak is not None and peak.verdict in ("better", "worse"):
             faster = "faster" if peak.verdict == "better" else "slower"
-            out.append(f"{run.name} is {faster} than {comparison.baseline} at peak: ×{peak.ratio:.2f} output tok/s")
+            out.append(f"{run.name} is {faster} than {comparison.baseline} at peak: ×{fmt_ratio(peak.ratio)} "
+                       f"output tok/s")
         load = next((row for row in comparison.rows if row.key == "load.ttft_ms"), None)
         if load is not None and load.ratios[i].verdict in ("better", "worse"):
             faster = "faster" if load.ratios[i].verdict == "better" else "slower"
             where = load.figures[i].where or "the top level"
             out.append(f"{run.name} answers {faster} than {comparison.baseline} under load: TTFT p50 at {where} "
-                       f"×{load.ratios[i].ratio:.2f}")
+                       f"×{fmt_ratio(load.ratios[i].ratio)}")
         if parts:
             out.append(f"{run.name} vs {comparison.baseline}: " + "; ".join(parts))
     for run in comparison.runs:

@@ -30,6 +30,9 @@ def open_store_if_present(path: Path) -> Iterator[Store | None]:
         store.close()
 
 
+LITERAL_NAME = "given figures"
+
+
 def parse_literals(words: list[str]) -> dict[str, float]:
     figures: dict[str, float] = {}
     for word in words:
@@ -46,7 +49,8 @@ def parse_literals(words: list[str]) -> dict[str, float]:
     return figures
 
 
-def gather_runs(refs: list[str], baselines: list[str], store: Store | None) -> list[RunData]:
+def gather_runs(refs: list[str], baselines: list[str], store: Store | None, store_path: Path | None = None
+                ) -> list[RunData]:
     """Baseline first (literal figures or a named run), then `refs` in order."""
     literal_words = [b for b in baselines if "=" in b]
     run_words = [b for b in baselines if "=" not in b]
@@ -54,6 +58,7 @@ def gather_runs(refs: list[str], baselines: list[str], store: Store | None) -> l
         raise UserError("give one baseline: a run, or figures as KEY=VALUE (repeatable)")
     runs: list[RunData] = []
     if literal_words:
-        runs.append(literal_run("baseline", parse_literals(literal_words)))
-    runs += [resolve(ref, store) for ref in run_words + refs]
+        # Named for what they are: "comparison (baseline: given figures)", never "baseline: baseline".
+        runs.append(literal_run(LITERAL_NAME, parse_literals(literal_words)))
+    runs += [resolve(ref, store, store_path) for ref in run_words + refs]
     return runs

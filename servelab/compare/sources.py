@@ -110,8 +110,9 @@ def _cell_json(path: Path, key: str) -> str | None:
         return None
 
 
-def resolve(ref: str, store: Store | None) -> RunData:
-    """A run directory if `ref` is one, else a run id (or unique prefix) in the store."""
+def resolve(ref: str, store: Store | None, store_path: Path | None = None) -> RunData:
+    """A run directory if `ref` is one, else a run id (or unique prefix) in the store (`store_path`: where the
+    store was looked for, when there is none, for the error)."""
     path = Path(ref)
     if path.is_dir():
         return load_run_dir(path)
@@ -120,5 +121,14 @@ def resolve(ref: str, store: Store | None) -> RunData:
         if run_id is not None:
             summary, records, meta = load_run(store, run_id)
             return from_summary(summary, records, meta["cell_name"], run_id, meta["experiment_id"])
-    where = f" nor a run in {store.path}" if store is not None else ""
-    raise UserError(f"'{ref}' is neither a run directory{where}", hint="`servelab runs` lists stored runs")
+        raise UserError(f"'{ref}' is neither a run directory nor a run in {store.path}",
+                        hint="`servelab runs` lists stored runs")
+    raise no_store_error(ref, store_path)
+
+
+def no_store_error(ref: str, store_path: Path | None) -> UserError:
+    """`show RUN` (or compare, report, export) where there is no run store, e.g. from another directory."""
+    where = f" at {Path(store_path).absolute()}" if store_path is not None else ""
+    return UserError(f"'{ref}' is not a run directory, and there is no run store{where} to look it up in",
+                     hint="run servelab from the directory that holds runs/, give --out DIR or --store FILE, or "
+                          "set SERVELAB_STORE")

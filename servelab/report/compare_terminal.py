@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-from servelab.compare.compare import Comparison
+from servelab.compare.compare import Comparison, fmt_ratio
+from servelab.report.tables import Col, key_col, print_table, text_col
 from servelab.report.terminal import fmt
 from servelab.store.runs import RunRow
 from servelab.textsafe import inert, inert_markup
 
 _VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "within noise": "dim", "no interval": "yellow",
-                  "inconsistent": "yellow", "contended": "yellow", "missing": "dim", "baseline": "dim"}
+                  "inconsistent": "yellow", "contended": "yellow", "different levels": "yellow", "missing": "dim",
+                  "baseline": "dim"}
+# How a verdict reads in a table cell (compare.py's Verdict values are the JSON's).
+VERDICT_WORDS = {"inconsistent": "inconsistent across trials", "contended": "no verdict: contended",
+                 "different levels": "no verdict: different levels"}
 _STATUS_STYLE = {"complete": "green", "failed": "bold red", "interrupted": "yellow"}
 
 
@@ -21,29 +25,17 @@ def _digits(unit: str) -> int:
 
 
 def render_comparison(console: Console, comparison: Comparison) -> None:
-    table = Table(title=inert_markup(f"comparison (baseline: {comparison.baseline})"), title_justify="left")
-    table.add_column("figure")
+    cols = [text_col("figure")]
     for run in comparison.runs:
         label = run.name + (" (literal)" if run.literal else "") + ("" if run.representative else " ⚠")
-        table.add_column(inert_markup(label), justify="right", overflow="fold")
+        cols.append(Col(inert(label)))
+    rows = []
     for row in comparison.rows:
-        cells = [Text(row.label + ("" if row.neutral else " ↑" if row.higher_is_better else " ↓"))]
+        cells: list = [Text(row.label + ("" if row.neutral else " ↑" if row.higher_is_better else " ↓"))]
         for fig, ratio in zip(row.figures, row.ratios):
-            if fig.value is None:
-                cells.append(Text("–", style="dim"))
-                continue
-            text = Text(fmt(fig.value, _digits(row.unit)) + (f" @{fig.where}" if fig.where else ""))
-            if fig.ci:
-                text.append(f" [{fmt(fig.ci[0], _digits(row.unit))}–{fmt(fig.ci[1], _digits(row.unit))}]",
-                            style="dim")
-            if ratio.verdict != "baseline" and ratio.ratio is not None:
-                text.append(f"\n×{ratio.ratio:.2f}")
-                if ratio.ci:
-                    text.append(f" [{ratio.ci[0]:.2f}–{ratio.ci[1]:.2f}]", style="dim")
-                text.append(f" {ratio.verdict}", style=_VERDICT_STYLE[ratio.verdict])
-            cells.append(text)
-        table.add_row(*cells)
-    console.print(table)
+            cells.append(_comparison_cell(row, fig, ratio))
+        rows.append(cells)
+    print_table(console, inert(f"comparison (baseline: {comparison.baseline})"), cols, rows)
     console.print(Text(f"  ↑ higher is better, ↓ lower is better; [..] 95 % intervals; {comparison.method}",
                        style="dim"))
     for warning in comparison.warnings:
@@ -55,11 +47,29 @@ def render_comparison(console: Console, comparison: Comparison) -> None:
             console.print(Text(f"  {inert(sentence)}", style=style))
 
 
+def _comparison_cell(row, fig, ratio) -> Text:
+    """The figure, its interval, then its ratio to the baseline with the ratio's interval and the verdict: one
+    piece per line, so a column is as wide as its widest piece, never as all of them together."""
+    if fig.value is None:
+        return Text("–", style="dim")
+    digits = _digits(row.unit)
+    text = Text(fmt(fig.value, digits) + (f" @{fig.where}" if fig.where else ""))
+    if fig.ci:
+        text.append(f"\n[{fmt(fig.ci[0], digits)}–{fmt(fig.ci[1], digits)}]", style="dim")
+    if ratio.verdict != "baseline" and ratio.ratio is not None:
+        text.append(f"\n×{fmt_ratio(ratio.ratio)}")
+        if ratio.ci:
+            text.append(f" [{fmt_ratio(ratio.ci[0])}–{fmt_ratio(ratio.ci[1])}]", style="dim")
+        text.append(f"\n{VERDICT_WORDS.get(ratio.verdict, ratio.verdict)}",
+                    style=_VERDICT_STYLE.get(ratio.verdict, ""))
+    elif ratio.verdict == "missing" and row.figures[0].value is not None:
+        text.append("\nno ratio", style="dim")
+    return text
+
+
 def render_experiment(console: Console, result) -> None:
     """The cells of an experiment and how each ended."""
-    table = Table(title=inert_markup(f"experiment {result.name} ({result.experiment_id})"), title_justify="left")
-    for col in ("cell", "status", "run", "single decode tok/s", "peak output tok/s", "reason"):
-        table.add_column(col, overflow="fold")
+    rows = []
     summaries = {s.run_id: s for s in result.runs}
     for cell in result.cells:
         summary = summaries.get(cell.run_id or "")
@@ -67,25 +77,32 @@ def render_experiment(console: Console, result) -> None:
         status = cell.status + (" (earlier)" if cell.skipped else "")
         decode = head.get("single.decode_tok_s")
         peak = head.get("peak.output_tok_s")
-        table.add_row(Text(inert(cell.name)), Text(status, style=_STATUS_STYLE.get(cell.status, "")),
-                      Text(inert(cell.run_id or "–")), fmt(decode.value if decode else None),
-                      fmt(peak.value if peak else None),
-                      Text(inert((cell.reason or "").splitlines()[0])) if cell.reason else "")
-    console.print(table)
+        rows.append([Text(inert(cell.name)), Text(status, style=_STATUS_STYLE.get(cell.status, "")),
+                     Text(inert(cell.run_id or "–")), fmt(decode.value if decode else None),
+                     fmt(peak.value if peak else None),
+                     Text(inert((cell.reason or "").splitlines()[0])) if cell.reason else ""])
+    print_table(console, inert(f"experiment {result.name} ({result.experiment_id})"),
+                [key_col("cell"), key_col("status"), key_col("run"), Col(DECODE_HEADER), Col(PEAK_HEADER),
+                 text_col("reason")], rows)
+
+
+DECODE_HEADER = "single-stream\ndecode tok/s"
+PEAK_HEADER = "peak output\ntok/s"
 
 
 def render_runs(console: Console, rows: list[RunRow]) -> None:
-    table = Table(title="runs (newest first)", title_justify="left")
-    for col in ("run", "cell", "status", "engine", "model", "single decode tok/s", "peak output tok/s", "note"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(Text(inert(r.run_id)), Text(inert(r.cell_name or "")),
-                      Text(r.status, style=_STATUS_STYLE.get(r.status, "")), Text(inert(r.engine or "")),
-                      Text(inert(r.model or "")), fmt(r.decode_tok_s), fmt(r.peak_output_tok_s),
-                      Text("not representative", style="red") if not r.representative else "")
-    console.print(table)
+    table_rows = [[Text(inert(r.run_id)), Text(inert(r.cell_name or "")),
+                   Text(r.status, style=_STATUS_STYLE.get(r.status, "")), Text(inert(r.engine or "")),
+                   Text(inert(r.model or "")), fmt(r.decode_tok_s), fmt(r.peak_output_tok_s),
+                   Text("not representative", style="red") if not r.representative else ""] for r in rows]
     if not rows:
-        console.print("no runs stored yet: `servelab run` stores every run it makes")
+        console.print("no runs stored yet: `servelab run` and `servelab bench --out DIR` store every run they make")
+        return
+    # A run id is what `show`, `compare` and `export` take: never wrapped. Too narrow for one row per run: a block
+    # per run (report/tables.py).
+    print_table(console, "runs (newest first)",
+                [key_col("run"), key_col("cell"), key_col("status"), key_col("engine"), key_col("model"),
+                 Col(DECODE_HEADER), Col(PEAK_HEADER), text_col("note")], table_rows, max_parts=1)
 
 
 def render_show(console: Console, run) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from servelab.compare.compare import Comparison
+from servelab.compare.compare import Comparison, fmt_ratio
 from servelab.compare.sources import RunData
 from servelab.report.terminal import fmt, sent_cell
 
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise", "no interval": "warn",
-                  "inconsistent": "warn", "contended": "warn", "missing": "dim", "baseline": "dim"}
+                  "inconsistent": "warn", "contended": "warn", "different levels": "warn", "missing": "dim",
+                  "baseline": "dim"}
 HEADLINE_KEYS = ["single.decode_tok_s", "single.output_tok_s", "single.ttft_ms", "single.itl_ms", "single.tpot_ms",
                  "single.e2e_ms", "peak.output_tok_s", "peak.concurrency", "peak.request_s"]
 
@@ -48,12 +49,13 @@ def comparison_section(c: Comparison) -> str:
             if fig.ci:
                 text += f" <span class=\"dim\">[{e(fmt(fig.ci[0]))}–{e(fmt(fig.ci[1]))}]</span>"
             if ratio.verdict != "baseline" and ratio.ratio is not None:
-                text += f"<br>×{ratio.ratio:.2f}"
+                text += f"<br>×{fmt_ratio(ratio.ratio)}"
                 if ratio.ci:
-                    text += f" <span class=\"dim\">[{ratio.ci[0]:.2f}–{ratio.ci[1]:.2f}]</span>"
+                    text += f" <span class=\"dim\">[{fmt_ratio(ratio.ci[0])}–{fmt_ratio(ratio.ci[1])}]</span>"
                 text += f" <span class=\"{_VERDICT_CLASS[ratio.verdict]}\">{e(ratio.verdict)}</span>"
                 if ratio.trial_ratios:
-                    text += (" <span class=\"dim\">trials " + e(", ".join(f"×{r:.2f}" for r in ratio.trial_ratios))
+                    text += (" <span class=\"dim\">trials "
+                             + e(", ".join(f"×{fmt_ratio(r)}" for r in ratio.trial_ratios))
                              + "</span>")
             cells.append(text)
         rows.append(cells)

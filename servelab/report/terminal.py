@@ -8,7 +8,8 @@ from rich.text import Text
 
 from servelab.bench.failures import error_line
 from servelab.records import BenchResult, CheckResult, Figure, LintFinding, RunSummary, Summary, VerifyResult
-from servelab.textsafe import inert, inert_markup
+from servelab.report.tables import Col, key_col, print_table, text_col
+from servelab.textsafe import inert
 
 _OUTCOME_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
 _SEVERITY_STYLE = {"serious": "bold red", "warn": "yellow", "info": "dim"}
@@ -21,16 +22,21 @@ def fmt(value: float | None, digits: int = 1) -> str:
 
 
 def render_checks(console: Console, result: VerifyResult) -> None:
-    table = Table(title=f"verify {result.url}" + (f" (model {result.model})" if result.model else ""),
-                  title_justify="left")
-    table.add_column("check")
-    table.add_column("result")
-    table.add_column("why", overflow="fold")
-    for c in result.checks:
-        table.add_row(c.id, Text(c.outcome.upper(), style=_OUTCOME_STYLE[c.outcome]), c.reason)
-    console.print(table)
-    counts = {k: sum(1 for c in result.checks if c.outcome == k) for k in ("pass", "fail", "warn", "skip")}
-    console.print(" ".join(f"{n} {k}" for k, n in counts.items() if n))
+    """The checks that ran, one row each; the ones not selected (--only, --skip, an experiment's verify list) are
+    counted in one line instead of a SKIP row each."""
+    selected = [c for c in result.checks if not (c.outcome == "skip" and c.reason == NOT_SELECTED)]
+    rows = [[c.id, Text(c.outcome.upper(), style=_OUTCOME_STYLE[c.outcome]), Text(inert(c.reason))]
+            for c in selected]
+    print_table(console, inert(f"verify {result.url}" + (f" (model {result.model})" if result.model else "")),
+                [key_col("check"), key_col("result"), text_col("why")], rows, max_parts=1)
+    counts = {k: sum(1 for c in selected if c.outcome == k) for k in ("pass", "fail", "warn", "skip")}
+    line = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+    if len(selected) < len(result.checks):
+        line += f" ({len(selected)} of {len(result.checks)} checks selected)"
+    console.print(line, highlight=False)
+
+
+NOT_SELECTED = "not selected"  # verify/runner.py's reason for a check --only or --skip left out
 
 
 def render_lint(console: Console, findings: list[LintFinding]) -> None:
@@ -53,18 +59,23 @@ def sent_cell(s: Summary, label: str = "") -> str:
     return f"{s.ok}/{s.requests}{label}" + (f" ({extra})" if extra else "")
 
 
+# Two-line headers: the name, then the unit and statistic. Numbers never wrap (report/tables.py).
+LEVEL_COLUMNS = [key_col("level"), Col("ok/sent"), Col("output\ntok/s"), Col("req/s"), Col("decode\ntok/s p50"),
+                 Col("TTFT\nms p50"), Col("TTFT\nms p99"), Col("ITL\nms p50"), Col("ITL\nms p99"),
+                 Col("E2E\nms p50")]
+
+
 def render_levels(console: Console, result: BenchResult) -> None:
-    table = Table(title=inert_markup(f"{result.mode} bench {result.url} (model {result.model})"),
-                  title_justify="left")
-    for col in ("level", "ok/sent", "output tok/s", "req/s", "decode tok/s p50", "TTFT ms p50", "TTFT p99",
-                "ITL ms p50", "ITL p99", "E2E ms p50"):
-        table.add_column(col, justify="right")
+    rows = []
     for s in result.levels:
         f = s.figures
-        table.add_row(level_cell(s), sent_cell(s), fmt(f["output_tok_s"].value), fmt(f["request_s"].value, 2),
-                      fmt(f["decode_tok_s"].value), *_dist_cells(f.get("ttft_ms")), *_dist_cells(f.get("itl_ms")),
-                      fmt(f["e2e_ms"].value, 0))
-    console.print(table)
+        rows.append([level_cell(s), sent_cell(s), fmt(f["output_tok_s"].value), fmt(f["request_s"].value, 2),
+                     fmt(f["decode_tok_s"].value), *_dist_cells(f.get("ttft_ms")), *_dist_cells(f.get("itl_ms")),
+                     fmt(f["e2e_ms"].value, 0)])
+    print_table(console, inert(f"{result.mode} bench {result.url} (model {result.model})"), LEVEL_COLUMNS, rows)
+    for warning in result.warnings:
+        console.print(Text(f"  warning: {inert(warning)}", style="yellow"))
+    render_spec_decode(console, result.levels)
     render_reasoning(console, result.levels)
     if any(s.environment is not None and s.environment.contended for s in result.levels):
         console.print(Text(f"  {BUSY_MARK}: the machine was not quiet during the level (docs/metrics.md#contended);"
@@ -86,6 +97,28 @@ def render_levels(console: Console, result: BenchResult) -> None:
         console.print(Text(f"  sweep stopped: {result.stop_reason}", style="dim"))
     if result.interrupted:
         console.print(Text("  interrupted: partial results", style="bold yellow"))
+
+
+def spec_decode_words(s: Summary) -> str | None:
+    """Speculative-decoding acceptance over the level, from the server's counters (docs/metrics.md#spec-decode)."""
+    sd = s.server.spec_decode if s.server is not None else None
+    if sd is None:
+        return None
+    parts = []
+    if sd.acceptance_rate is not None:
+        parts.append(f"acceptance {sd.acceptance_rate * 100:.1f} %")
+    if sd.accepted_tokens is not None and sd.drafted_tokens is not None:
+        parts.append(f"{sd.accepted_tokens:,.0f} of {sd.drafted_tokens:,.0f} drafted tokens accepted")
+    if sd.mean_accepted_length is not None:
+        parts.append(f"{sd.mean_accepted_length:.2f} tokens per verification step")
+    return "speculative decoding: " + (", ".join(parts) if parts else "no drafts counted")
+
+
+def render_spec_decode(console: Console, levels: list[Summary]) -> None:
+    for s in levels:
+        words = spec_decode_words(s)
+        if words:
+            console.print(Text(f"  {s.tag} {words}", style="dim"))
 
 
 BUSY_MARK = "⚠busy"
@@ -126,17 +159,15 @@ _HEADLINE_LABELS = {
 
 def render_headline(console: Console, headline: dict[str, Figure], title: str = "summary",
                     not_representative: bool = False) -> None:
-    table = Table(title=title, title_justify="left")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    table.add_column("counted by / note")
+    rows = []
     for key, label in _HEADLINE_LABELS.items():
         fig = headline.get(key)
         if fig is None:
             continue
-        table.add_row(label, fmt(fig.value, 2 if fig.unit == "req/s" else 1),
-                      ", ".join(x for x in (fig.counted_by, fig.note) if x))
-    console.print(table)
+        rows.append([label, fmt(fig.value, 2 if fig.unit == "req/s" else 1),
+                     ", ".join(x for x in (fig.counted_by, fig.note) if x)])
+    print_table(console, inert(title), [text_col("figure"), Col("value"), text_col("counted by / note")],
+                rows)
     if not_representative:
         console.print(Text("NOT REPRESENTATIVE: a serious configuration finding applies to these numbers",
                            style="bold red reverse"))
@@ -168,7 +199,11 @@ def failed_checks(checks: list[CheckResult]) -> list[CheckResult]:
 def level_line(s: Summary) -> str:
     rate = ("tok/s not measured (too short for a steady state)" if s.steady is not None and not s.steady.measured
             else f"{fmt(s.figures['output_tok_s'].value)} tok/s")
-    return f"{s.tag}: {rate}, {sent_cell(s, ' ok')}, TTFT p50 {fmt(s.figures['ttft_ms'].value, 0)} ms"
+    line = f"{s.tag}: {rate}, {sent_cell(s, ' ok')}, TTFT p50 {fmt(s.figures['ttft_ms'].value, 0)} ms"
+    sd = s.server.spec_decode if s.server is not None else None
+    if sd is not None and sd.acceptance_rate is not None:
+        line += f", spec-decode acceptance {sd.acceptance_rate * 100:.0f} %"
+    return line
 
 
 def render_reasoning(console: Console, levels: list[Summary]) -> None:

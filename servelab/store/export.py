@@ -173,8 +173,12 @@ def export_run_dir(run_dir: Path, fmt: str, to: Path | None = None) -> tuple[lis
 def export_run(ref: str, fmt: str, to: Path | None, store_path: Path) -> tuple[list[Path], list[str]]:
     """Like export_run_dir, for a run directory or a run id in the store (written into `to`, else the run's
     directory when it still exists, else ./<run id>)."""
-    if Path(ref).is_dir() or not Path(store_path).exists():
+    if Path(ref).is_dir():
         return export_run_dir(Path(ref), fmt, to)
+    if not Path(store_path).exists():
+        from servelab.compare.sources import no_store_error
+
+        raise no_store_error(ref, Path(store_path))
     from servelab.store.db import Store
     from servelab.store.runs import load_run, resolve_run_id
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.errors import UserError
-from servelab.records import RequestRecord, RunSummary
+from servelab.records import BenchResult, RequestRecord, RunSummary, Trial
 from servelab.store.db import Store
 
 
@@ -25,6 +25,22 @@ def _now() -> str:
 def is_representative(summary: RunSummary) -> bool:
     """False when a serious lint finding applies: the numbers do not show what the engine can do."""
     return not (summary.launch and any(f.severity == "serious" for f in summary.launch.lint))
+
+
+def save_bench(store: Store, result: BenchResult, records: Sequence[RequestRecord], run_dir: Path, run_id: str,
+               *, status: str = "complete", error: str | None = None) -> RunSummary:
+    """A `servelab bench --out` run in the store: a run with no launch and one trial holding the bench (its
+    single-stream result, or any other mode's as the sweep), so `runs`, `show`, `compare`, `report` and `export`
+    read it as they read a cell of `servelab run`. Its run directory keeps the BenchResult as summary.json."""
+    from servelab.provenance import build_provenance
+
+    trial = Trial(index=0, status=status, single=result if result.mode == "single" else None,
+                  sweep=None if result.mode == "single" else result)
+    summary = RunSummary(run_id=run_id, status=status, error=error, trials=[trial], headline=dict(result.headline),
+                         provenance=build_provenance(engine=result.workload.get("engine_detected"),
+                                                     model=result.model))
+    save_run(store, summary, records, run_dir)
+    return summary
 
 
 def save_run(store: Store, summary: RunSummary, records: Sequence[RequestRecord], run_dir: Path | None = None,
