@@ -10,16 +10,18 @@ Where each name was read (the engines' own parser registries, not their docs' pr
 
 - SGLang: `ReasoningParser.DetectorMap` in python/sglang/srt/parser/reasoning_parser.py (earlier releases:
   python/sglang/srt/reasoning_parser.py). The names below are the ones sglang 0.5.10.post1 registers
-  (shared/research/engines.md §0.5): deepseek-r1, deepseek-v3, qwen3, qwen3-thinking, glm45, gpt-oss, kimi,
+  (shared/research/engines.md §0.5, read from the sdist; the same map read again in the code index): deepseek-r1, deepseek-v3, qwen3, qwen3-thinking, glm45, gpt-oss, kimi,
   kimi_k2, mimo, minimax, minimax-append-think, step3, step3p5, mistral, nemotron_3, interns1. `kimi_k2` is
   `KimiK2Detector` ("Detector for Kimi K2 models", `<think>`…`</think>`); `kimi` is the older `KimiDetector`
   (`◁think▷`…`◁/think▷`, Kimi-VL/K1.5 thinking). Which model takes which name: SGLang's
   docs/advanced_features/separate_reasoning.ipynb table, and the detectors' docstrings.
-- vLLM: `_REASONING_PARSERS_TO_REGISTER` in vllm/reasoning/__init__.py (vllm-project/vllm main, read Nov 2026;
-  the 0.33.0 wheel registers the same names for the families below): deepseek_r1, deepseek_v3, ernie45, glm45,
-  openai_gptoss, granite, hunyuan_a13b, kimi_k2, kimi_k3, mimo, minimax_m2, minimax_m2_append_think, mistral,
-  nemotron_v3, olmo3, qwen3, seed_oss, step3, step3p5, ... Which model takes which name:
-  docs/features/reasoning_outputs.md (QwQ-32B → deepseek_r1; MiniMax-M2 → minimax_m2_append_think).
+- vLLM: `_REASONING_PARSERS_TO_REGISTER` in vllm/reasoning/__init__.py, read in vllm-project/vllm main (commit
+  0064cc9c, Nov 2026): deepseek_r1, deepseek_v3, ernie45, glm45, glm47, openai_gptoss, granite, hunyuan_a13b,
+  kimi_k2, kimi_k3, mimo, minimax_m2, minimax_m2_append_think, mistral, nemotron_v3, olmo3, qwen3, seed_oss,
+  step3, step3p5, ... For the 0.33.0 wheel, shared/research/engines.md §0.5 confirms deepseek_r1, qwen3,
+  openai_gptoss, glm45, kimi_k2, mistral and granite; the rarer names were not checked against that release.
+  Which model takes which name: docs/features/reasoning_outputs.md (QwQ-32B → deepseek_r1; MiniMax-M2 →
+  minimax_m2_append_think).
 - llama.cpp: no per-family parser. `--reasoning-format FORMAT` (common/arg.cpp, env LLAMA_ARG_THINK): `none`
   leaves thoughts in `message.content`, `deepseek` puts them in `message.reasoning_content`, `deepseek-legacy`
   keeps `<think>` in content and fills reasoning_content too; the default `auto` extracts them for every chat
@@ -38,9 +40,6 @@ from dataclasses import dataclass
 from servelab.engines.lint import finding
 from servelab.records import LintFinding
 
-SGLANG_SOURCE = "sglang python/sglang/srt/parser/reasoning_parser.py DetectorMap (0.5.10.post1)"
-VLLM_SOURCE = "vllm vllm/reasoning/__init__.py _REASONING_PARSERS_TO_REGISTER (0.33.0)"
-LLAMACPP_SOURCE = "llama.cpp common/arg.cpp --reasoning-format (commit 0c1e570)"
 LLAMACPP_FORMAT = "deepseek"  # puts thoughts in message.reasoning_content (and delta.reasoning_content)
 
 
