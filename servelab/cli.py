@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -115,7 +116,9 @@ def up(
     out = _out_console(as_json)
     spec = EngineSpec(engine=engine, model=model, port=port, host=host, parallel=parallel, threads=threads,
                       extra_args=list(ctx.args))
-    log_dir.mkdir(parents=True, exist_ok=True)
+    from servelab.store.rundir import ensure_writable
+
+    ensure_writable(log_dir, "log directory")  # a read-only or full --log-dir: one line, exit 2, nothing started
     spec = spec.model_copy(update={"tp": tp, "executable": executable, "stall_budget_s": stall_budget,
                                    "options": dict(item.split("=", 1) for item in option or [] if "=" in item)})
     with live_launch(spec, log_dir, out, ready_timeout_s=ready_timeout, stall_action=stall_action) as running:
@@ -262,6 +265,11 @@ def bench_cmd(
         api_key=api_key, tokenizer=tokenizer, min_requests=min_requests, max_level_duration=max_level_duration,
         max_error_rate=max_error_rate))
     ui = _out_console(as_json)
+    if out is not None:  # a damaged store stops the run before it measures anything (issue 11 item 12)
+        stored_in = store or default_store_path(out)
+        if stored_in.exists():
+            with Store.open(stored_in) as db:
+                db.check()
     rundir = RunDir.create(out, "bench", mode) if out else None
     records = []
     progress = LevelProgress()
@@ -275,16 +283,25 @@ def bench_cmd(
         result = bench(url, options, on_record=on_record)
     broken = error_gate(result.levels, options.max_error_rate)
     stored_in = None
+    not_written: list[str] = []  # a full or read-only disk, a failing store: said after the results, exit 2
     if rundir:
         rundir.close()
-        rundir.write_json("summary.json", result)
+        rundir.write_json("summary.json", result)  # first: the run directory never depends on the store
         if csv:
-            export_csv(records, result.levels, rundir.path)
+            try:
+                export_csv(records, result.levels, rundir.path)
+            except OSError as exc:
+                not_written.append(f"could not write the CSV files in {rundir.path}: {exc.strerror or exc}")
         stored_in = store or default_store_path(out)
-        with Store.open(stored_in) as db:  # listed by `servelab runs`, read by show, compare, report, export
-            save_bench(db, result, records, rundir.path, rundir.run_id,
-                       status="interrupted" if result.interrupted else "failed" if broken else "complete",
-                       error="; ".join(broken) if broken else None)
+        try:
+            with Store.open(stored_in) as db:  # listed by `servelab runs`, read by show, compare, report, export
+                save_bench(db, result, records, rundir.path, rundir.run_id,
+                           status="interrupted" if result.interrupted else "failed" if broken else "complete",
+                           error="; ".join(broken) if broken else None)
+        except (UserError, sqlite3.Error, OSError) as exc:
+            not_written.append(f"the run store {stored_in} could not be written: {exc}")
+            stored_in = None
+        not_written = rundir.write_errors + not_written
     if as_json:
         print(result.model_dump_json(indent=2))
     else:
@@ -305,10 +322,14 @@ def bench_cmd(
                           + (f"; goodput there {goodput.value:.2f} req/s" if goodput and goodput.value else "")
                           + f" ({s.get('stop_reason')})", highlight=False)
         if rundir:
-            console.print(f"written to {rundir.path}; stored as run {rundir.run_id} in {stored_in}",
-                          highlight=False)
+            console.print(f"written to {rundir.path}" + (f"; stored as run {rundir.run_id} in {stored_in}"
+                                                         if stored_in else ""), highlight=False)
+    for line in not_written:
+        err_console.print(f"error: {line}", markup=False, highlight=False)
     if result.interrupted:
         raise typer.Exit(interrupts.exit_code())
+    if not_written:
+        raise typer.Exit(2)
     if broken:
         for reason in broken:
             err_console.print(f"error gate: {reason}", highlight=False, markup=False)
@@ -414,8 +435,12 @@ def run_cmd(
     result = run_experiment(spec, options, _out_console(as_json))
     if as_json:
         print(result.model_dump_json(indent=2))
+    for line in result.write_errors:  # a full or read-only disk, a store that failed: what was not kept
+        err_console.print(f"error: {line}", markup=False, highlight=False)
     if result.status == "interrupted":
         raise typer.Exit(interrupts.exit_code())
+    if result.write_errors:
+        raise typer.Exit(2)
     if result.any_failed:
         raise typer.Exit(1)
 

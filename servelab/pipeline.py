@@ -32,7 +32,7 @@ from servelab.provenance import build_provenance
 from servelab.records import BenchResult, RequestRecord, RunSummary, Trial
 from servelab.report.live import live_launch
 from servelab.report.terminal import level_line, render_checks, render_levels, render_lint
-from servelab.store.rundir import RunDir, read_records
+from servelab.store.rundir import RunDir
 from servelab.textsafe import inert, inert_markup
 from servelab.verify.runner import verify
 
@@ -218,7 +218,7 @@ class CellSession:
             self.summary.excluded_trials = []
         elif final or all(t.status != "interrupted" for t in trials):
             counted, excluded = counted_trials(trials)
-            records = read_records(self.rundir.records_path) if self.rundir.records_path.exists() else []
+            records = self.rundir.all_records()  # records.jsonl, and any the disk refused
             single, sweep = pooled_benches(counted, records)
             self.summary.headline = run_headline(single, sweep)
             self.summary.excluded_trials = [t.index for t in excluded]

@@ -252,3 +252,332 @@ def test_the_guard_exits_after_a_clean_stop_and_marks_only_the_engine_tree(tmp_p
     proc.stop(grace_s=5)
     assert marked_pids(proc.tree_id) == []
     assert wait_gone(guard.pid, 5)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Storage: a read-only or full disk (item 11), a broken store (item 12), a read-only store (item 20), the lock
+# (item 13). Read-only and full filesystems are real: a private mount namespace (unshare -m) with a read-only
+# bind mount or a tiny tmpfs, torn down with the namespace. Root ignores chmod, so chmod would prove nothing.
+# --------------------------------------------------------------------------------------------------------------
+
+def _can_mount() -> bool:
+    try:
+        return subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=4k tmpfs /mnt"],
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+needs_mounts = pytest.mark.skipif(not _can_mount(), reason="needs unshare -m and mount (root in a container)")
+
+
+def in_namespace(setup: str, command: list[str], keep: Path | None = None, mounted: Path | None = None,
+                 timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """Run `command` in a private mount namespace after the shell `setup`; with `keep`, copy what `mounted` holds
+    to `keep` afterwards (the mount and what was written on it vanish with the namespace)."""
+    save = f'; mkdir -p "{keep}"; cp -a "{mounted}/." "{keep}/"' if keep is not None else ""
+    script = f'set -e; {setup}; set +e; "$@"; rc=$?{save}; exit $rc'
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *command],
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def read_only(path: Path) -> str:
+    """Shell: make `path` a read-only bind of itself (in the namespace)."""
+    return f'mkdir -p "{path}"; mount --bind "{path}" "{path}"; mount -o remount,bind,ro "{path}"'
+
+
+@pytest.fixture(scope="module")
+def fast():
+    with start_calibration_server(Script(output_tokens=40, ttft_ms=2, itl_ms=1)) as handle:
+        yield handle
+
+
+def experiment_file(tmp_path: Path, url: str, name: str = "disk", requests: int = 3, **bench: Any) -> Path:
+    doc = {"name": name, "verify": {"enabled": False},
+           "bench": {"single_requests": requests, "warmup": 0, "sweep": False, "max_tokens": 40, **bench},
+           "cells": [{"name": "a", "url": url}, {"name": "b", "url": url}]}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@needs_mounts
+def test_a_read_only_out_or_log_dir_is_one_line_and_exit_2_before_measuring(tmp_path: Path, fast):
+    """Item 11: `bench --out`, `run --out` and `up --log-dir` on a read-only filesystem: one line naming the path
+    and the errno (EROFS), exit 2, and not one request sent."""
+    ro = tmp_path / "ro"
+    since = time.perf_counter_ns()
+    commands = {
+        "bench": [*SERVELAB, "bench", fast.url, "--requests", "2", "--warmup", "0", "--out", str(ro / "bench")],
+        "run": [*SERVELAB, "run", str(experiment_file(tmp_path, fast.url)), "--out", str(ro / "runs")],
+        "up": [*SERVELAB, "up", "command", "--log-dir", str(ro / "logs"), "--", PY, "-c", "pass"],
+    }
+    for name, command in commands.items():
+        done = in_namespace(read_only(ro), command)
+        assert done.returncode == 2, (name, done.stdout, done.stderr)
+        line = done.stderr.strip()
+        assert "\n" not in line and str(ro) in line and "(EROFS)" in line, (name, line)
+        assert "internal error" not in line
+    assert server_progress(fast.url, since)["requests"] == 0
+
+
+@needs_mounts
+def test_a_disk_that_fills_during_bench_keeps_every_measurement(tmp_path: Path, fast):
+    """Item 11: `bench --out` on a filesystem that fills up mid-run (a 96 kB tmpfs): the run goes on, the terminal
+    shows every request measured, stderr says which file could not be written and why (ENOSPC), exit 2; the
+    directory holds only whole records (no torn line) and no `.tmp`."""
+    full, kept = tmp_path / "full", tmp_path / "kept"
+    setup = f'mkdir -p "{full}"; mount -t tmpfs -o size=96k tmpfs "{full}"'
+    done = in_namespace(setup, [*SERVELAB, "bench", fast.url, "--requests", "60", "--warmup", "0",
+                                "--max-tokens", "40", "--out", str(full)], keep=kept, mounted=full)
+    assert done.returncode == 2, done.stderr
+    assert "internal error" not in done.stderr
+    assert "60/60" in done.stdout  # every request measured and reported
+    assert "No space left on device (ENOSPC)" in done.stderr and "records.jsonl" in done.stderr, done.stderr
+    assert not list(kept.rglob("*.tmp"))
+    (records,) = kept.glob("*/records.jsonl")
+    lines = records.read_text().splitlines()
+    assert 0 < len(lines) < 60
+    assert all(json.loads(line)["index"] >= 0 for line in lines)  # whole lines only
+
+
+@needs_mounts
+def test_a_disk_that_fills_during_run_keeps_every_measurement(tmp_path: Path, fast):
+    """Item 11: `run` with --out on a filesystem that fills up mid-run (the store elsewhere): every cell still
+    completes and is stored with all its records, the comparison is made, stderr names what could not be
+    written (ENOSPC), exit 2, no `.tmp` left."""
+    full, kept = tmp_path / "full", tmp_path / "kept"
+    setup = f'mkdir -p "{full}"; mount -t tmpfs -o size=96k tmpfs "{full}"'
+    exp = experiment_file(tmp_path, fast.url, requests=30)
+    store = tmp_path / "store.db"
+    done = in_namespace(setup, [*SERVELAB, "run", str(exp), "--out", str(full), "--store", str(store)],
+                        keep=kept, mounted=full, timeout_s=300)
+    assert done.returncode == 2, (done.stdout[-2000:], done.stderr)
+    assert "internal error" not in done.stderr
+    assert "No space left on device (ENOSPC)" in done.stderr
+    assert "comparison (baseline: a)" in done.stdout
+    assert not list(kept.rglob("*.tmp"))
+    from servelab.store.db import Store
+    from servelab.store.runs import list_runs, load_run
+
+    with Store.open(store, readonly=True) as db:
+        rows = list_runs(db)
+        assert sorted(r.cell_name for r in rows) == ["a", "b"] and all(r.status == "complete" for r in rows)
+        for row in rows:
+            assert len(load_run(db, row.run_id)[1]) == 30  # every record, those the disk refused included
+
+
+def test_a_failed_write_leaves_no_tmp_and_no_torn_record(tmp_path: Path, monkeypatch):
+    """Item 11: a write refused with ENOSPC (monkeypatched, as root cannot be refused by permissions): the
+    summary's `.tmp` is removed and the previous summary kept; a record whose line was half written is cut back
+    off and kept in memory; write_errors names the files and the errno."""
+    import builtins
+    import errno
+
+    from servelab.records import BenchResult, RequestRecord
+    from servelab.store.rundir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    record = RequestRecord(index=0, endpoint="/v1/chat/completions", t_send_ns=1)
+    run.append_record(record)
+    doc = BenchResult(url="http://h:1", model="m", mode="single", workload={}, levels=[])
+    assert run.write_json("summary.json", doc) is not None
+    real_open = builtins.open
+
+    class HalfWriter:
+        """A file that takes half of what it is given, then says the disk is full."""
+
+        def __init__(self, fh):
+            self.fh = fh
+
+        def write(self, text):
+            self.fh.write(text[: len(text) // 2])
+            self.fh.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+    def full_open(path, mode="r", *args, **kwargs):
+        fh = real_open(path, mode, *args, **kwargs)
+        return HalfWriter(fh) if ("a" in mode or "w" in mode) else fh
+
+    run.close()
+    monkeypatch.setattr(builtins, "open", full_open)
+    monkeypatch.setattr(Path, "write_text", lambda self, text, **kw: HalfWriter(real_open(self, "w")).write(text))
+    run.append_record(record.model_copy(update={"index": 1}))
+    run.append_record(record.model_copy(update={"index": 2}))
+    assert run.write_json("summary.json", doc) is None
+    monkeypatch.undo()
+    assert [r.index for r in read_records(run.records_path)] == [0]
+    assert run.records_path.read_text().count("\n") == 1  # the torn half line was cut off
+    assert [r.index for r in run.all_records()] == [0, 1, 2]
+    assert not list(run.path.glob("*.tmp"))
+    assert json.loads((run.path / "summary.json").read_text())["url"] == "http://h:1"  # the previous one stays
+    assert any("records.jsonl" in e and "(ENOSPC)" in e and "2 record(s)" in e for e in run.write_errors)
+    assert any("summary.json" in e and "(ENOSPC)" in e for e in run.write_errors)
+
+
+def make_store(tmp_path: Path, url: str) -> tuple[Path, list[str]]:
+    """An experiment of two cells run in-process: its out root (with servelab.db) and the run ids."""
+    from rich.console import Console
+
+    from servelab.experiment.load import load_experiment
+    from servelab.experiment.runner import ExperimentOptions, run_experiment
+
+    out = tmp_path / "runs"
+    result = run_experiment(load_experiment(experiment_file(tmp_path, url, name="stored", requests=2)),
+                            ExperimentOptions(out_root=out), Console(file=open(os.devnull, "w")))
+    assert result.status == "complete", result.cells
+    return out, [c.run_id for c in result.cells]
+
+
+def corrupt_table_page(db_path: Path, table: str) -> None:
+    """Overwrite the root page of `table` with garbage, as a bad sector or a torn copy would."""
+    import sqlite3
+
+    with sqlite3.connect(db_path) as db:
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        root = db.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+    with open(db_path, "r+b") as fh:
+        fh.seek((root - 1) * page_size)
+        fh.write(bytes([0x0D, 0xFF, 0xFF, 0xFF]) + b"\xa5" * (page_size - 4))
+
+
+@pytest.mark.parametrize("damage", ["corrupt page", "dropped table"])
+def test_a_damaged_store_stops_run_before_measuring(tmp_path: Path, fast, damage: str):
+    """Item 12: a store with a corrupt page (found by quick_check) or a dropped table: `run` and `bench --out`
+    say it is damaged and exit 2 before sending one request (it used to measure a whole cell first)."""
+    import sqlite3
+
+    out, _ = make_store(tmp_path, fast.url)
+    db_path = out / "servelab.db"
+    if damage == "corrupt page":
+        corrupt_table_page(db_path, "records")
+    else:
+        with sqlite3.connect(db_path) as db:
+            db.execute("DROP TABLE levels")
+    since = time.perf_counter_ns()
+    before = sorted(p.name for p in out.iterdir() if p.is_dir())
+    for command in ([*SERVELAB, "run", str(experiment_file(tmp_path, fast.url, name="other")), "--out", str(out)],
+                    [*SERVELAB, "bench", fast.url, "--requests", "2", "--warmup", "0", "--out", str(out)]):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, (command[3], done.stderr)
+        assert "damaged" in done.stderr and str(db_path) in done.stderr, done.stderr
+        assert "levels missing" in done.stderr if damage == "dropped table" else True
+    assert server_progress(fast.url, since)["requests"] == 0
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == before  # no run directory was made
+
+
+def test_a_store_that_fails_mid_run_costs_no_run_directory_its_results(tmp_path: Path, fast, monkeypatch):
+    """Item 12: the store loses a table while an experiment runs (dropped by another connection after the first
+    cell): the run goes on, the error is reported once, both cells' run directories are complete (summary and
+    every record), and the comparison is made from them."""
+    import io
+    import sqlite3
+
+    from rich.console import Console
+
+    import servelab.pipeline as pipeline
+    from servelab.experiment.load import load_experiment
+    from servelab.experiment.runner import ExperimentOptions, run_experiment
+
+    out = tmp_path / "runs"
+    real_bench = pipeline.bench
+    calls: list[str] = []
+
+    def bench_then_break_the_store(url, opts, on_record=None):
+        calls.append(opts.mode)
+        if len(calls) == 2:  # the second cell: the store breaks under the run
+            with sqlite3.connect(out / "servelab.db") as db:
+                db.execute("DROP TABLE records")
+        return real_bench(url, opts, on_record=on_record)
+
+    monkeypatch.setattr(pipeline, "bench", bench_then_break_the_store)
+    printed = io.StringIO()
+    result = run_experiment(load_experiment(experiment_file(tmp_path, fast.url, requests=3)),
+                            ExperimentOptions(out_root=out), Console(file=printed, width=200))
+    assert result.status == "complete"
+    assert [c.status for c in result.cells] == ["complete", "complete"]
+    assert result.write_errors and all("could not be written" in e for e in result.write_errors)
+    assert printed.getvalue().count("store error:") == 1
+    for cell in result.cells:
+        summary = json.loads((Path(cell.run_dir) / "summary.json").read_text())
+        assert summary["status"] == "complete"
+        assert len(read_records(Path(cell.run_dir) / "records.jsonl")) == 3
+    assert result.comparison is not None and [r.name for r in result.comparison.runs] == ["a", "b"]
+
+
+@needs_mounts
+def test_a_read_only_store_can_be_read(tmp_path: Path, fast):
+    """Item 20: a store (and its run directories) on a read-only mount: runs, show, compare, report and export
+    all work, writing only where they are told to; the store file is not changed."""
+    import hashlib
+
+    out, (first, second) = make_store(tmp_path, fast.url)
+    digest = hashlib.sha256((out / "servelab.db").read_bytes()).hexdigest()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    commands = {
+        "runs": [*SERVELAB, "runs", "--out", str(out)],
+        "show": [*SERVELAB, "show", first, "--out", str(out)],
+        "compare": [*SERVELAB, "compare", first, second, "--out", str(out)],
+        "report": [*SERVELAB, "report", first, second, "--out", str(out), "-o", str(elsewhere / "r.html")],
+        "export": [*SERVELAB, "export", first, "--format", "json", "--to", str(elsewhere / "x"), "--out", str(out)],
+    }
+    for name, command in commands.items():
+        done = in_namespace(read_only(out), command)
+        assert done.returncode == 0, (name, done.stdout[-1500:], done.stderr)
+        assert "internal error" not in done.stderr
+    assert (elsewhere / "r.html").is_file() and (elsewhere / "x" / "records.json").is_file()
+    assert hashlib.sha256((out / "servelab.db").read_bytes()).hexdigest() == digest
+
+
+def test_an_older_store_opened_read_only_is_migrated_in_memory_only(tmp_path: Path):
+    """Item 20: a store of an older schema, opened for reading, reads as the latest schema while the file keeps
+    its version."""
+    import sqlite3
+
+    from servelab.store.db import Store
+    from servelab.store.migrations import LATEST, MIGRATIONS
+    from servelab.store.runs import list_runs
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path, isolation_level=None) as db:
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for migration in MIGRATIONS[:LATEST - 1]:
+            migration(db)
+        db.execute("INSERT INTO schema_version VALUES (?)", (LATEST - 1,))
+    with Store.open(path, readonly=True) as store:
+        assert store.version() == LATEST and list_runs(store) == []
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT version FROM schema_version").fetchone()[0] == LATEST - 1
+
+
+def test_two_runs_of_one_experiment_cannot_run_at_once(tmp_path: Path, slow):
+    """Item 13: while one `run` of an experiment measures, a second `run` of the same experiment (same store)
+    says which process holds it and exits 2 at once, measuring nothing; once the first ends, it can run."""
+    from servelab.experiment.runner import lock_path
+
+    exp = experiment_file(tmp_path, slow.url, name="locked", requests=2)
+    out = tmp_path / "runs"
+    first = subprocess.Popen([*SERVELAB, "run", str(exp), "--out", str(out)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        holder = wait_for(lock_path(out / "servelab.db", "locked"))
+        assert f"pid {first.pid}" in holder
+        started = time.monotonic()
+        second = subprocess.run([*SERVELAB, "run", str(exp), "--out", str(out)], capture_output=True, text=True,
+                                timeout=60)
+        assert second.returncode == 2, second.stderr
+        assert f"pid {first.pid}" in second.stderr and "already running" in second.stderr
+        assert time.monotonic() - started < 30
+        assert len(list(out.glob("*-locked"))) == 1  # one experiment directory: the second made none
+    finally:
+        first.send_signal(signal.SIGINT)
+        finish(first)
+    assert first.returncode == 130
+    # the lock went with its holder: running it again resumes the interrupted experiment
+    again = subprocess.run([*SERVELAB, "run", str(exp), "--out", str(out), "--new", "--requests", "1"],
+                           capture_output=True, text=True, timeout=120)
+    assert "already running" not in again.stderr

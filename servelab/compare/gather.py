@@ -19,11 +19,12 @@ from servelab.store.db import Store
 
 @contextlib.contextmanager
 def open_store_if_present(path: Path) -> Iterator[Store | None]:
-    """Reading commands never create a store: without one, only run directories can be named."""
+    """Reading commands never create a store, nor write one (a read-only store can be read): without one, only
+    run directories can be named."""
     if not Path(path).exists():
         yield None
         return
-    store = Store.open(path)
+    store = Store.open(path, readonly=True)
     try:
         yield store
     finally:

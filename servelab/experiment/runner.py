@@ -7,14 +7,29 @@ directory relative to <out>, e.g. `20261129-155519-default/well-configured`.
 
 Resume: an experiment that did not complete (Ctrl-C, a crash) is picked up by running the same file again: cells
 whose key (a hash of their definition and settings) completed are skipped; failed and interrupted ones run again.
+
+One at a time: an experiment is locked (fcntl.flock on `<store>.<name>.lock`, beside the store whose records
+decide what resumes) for as long as it runs, so a second `run` of it says which process holds it and exits 2
+instead of resuming into the same directory. The kernel releases the lock when its holder exits, however it ends.
+
+Nothing measured is lost to storage: the store is checked before anything is measured (a damaged one is a
+UserError, exit 2); each cell's run directory is written first and the store after it, and a store that fails
+later is reported (`write_errors`) while the run directories stay complete and the comparison is made from them.
+A full or read-only disk during the run is reported the same way (store/rundir.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
+import os
 import re
+import sqlite3
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -28,11 +43,12 @@ from servelab.errors import UserError
 from servelab.experiment.model import Cell, Experiment
 from servelab.experiment.schedule import trial_schedule
 from servelab.pipeline import CellPlan, CellSession, VerifyPlan
-from servelab.records import RunSummary
+from servelab.records import RequestRecord, RunSummary
 from servelab.store.db import Store
 from servelab.store.experiments import (CellState, cell_states, finish_experiment, latest_experiment,
                                         record_cell, start_experiment)
-from servelab.store.rundir import read_records
+from servelab.store.db import os_error_words
+from servelab.store.rundir import ensure_writable, read_records
 from servelab.store.runs import load_run, save_run
 from servelab.textsafe import inert_markup
 
@@ -61,6 +77,9 @@ class ExperimentResult(BaseModel):
     comparison_error: str | None = None  # why there is no comparison (fewer than two complete cells, …)
     report: str | None = None
     runs: list[RunSummary] = Field(default_factory=list)  # the cells' summaries, in cell order
+    # What could not be written (a full or read-only disk, a store that failed mid-run), one line each; the
+    # measurements are complete in memory and in whatever was written (docs/output.md#disk-full).
+    write_errors: list[str] = Field(default_factory=list)
 
     @property
     def any_failed(self) -> bool:
@@ -95,15 +114,81 @@ def _new_dir(parent: Path, name: str) -> Path:
 def run_experiment(experiment: Experiment, options: ExperimentOptions, console: Console) -> ExperimentResult:
     from servelab.store.db import default_store_path
 
-    store = Store.open(options.store_path or default_store_path(options.out_root))
+    store_path = Path(options.store_path or default_store_path(options.out_root))
+    ensure_writable(options.out_root, "output directory")
+    with experiment_lock(store_path, experiment.name):
+        store = Store.open(store_path)
+        try:
+            store.check()
+            return _run(experiment, options, StoreWrites(store, console), console)
+        finally:
+            store.close()
+
+
+def lock_path(store_path: Path, name: str) -> Path:
+    """Where the lock of experiment `name` lives: beside the store that says what resumes."""
+    digest = hashlib.sha1(name.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return store_path.with_name(f"{store_path.name}.{_slug(name)}-{digest}.lock")
+
+
+@contextlib.contextmanager
+def experiment_lock(store_path: Path, name: str) -> Iterator[Path]:
+    """Hold the experiment's lock, or raise a UserError naming the process that holds it (exit 2)."""
+    path = lock_path(store_path, name)
     try:
-        return _run(experiment, options, store, console)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise UserError(f"cannot create the experiment's lock file {path}: {os_error_words(exc)}",
+                        hint="point --out or --store somewhere writable") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+            raise UserError(f"experiment '{name}' is already running ({holder}); a second run of it would measure "
+                            f"the same cells into the same directory",
+                            hint=f"wait for it to end, or give this run another name (lock: {path})") from None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()}, since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+                          .encode(), 0)
+        yield path
     finally:
-        store.close()
+        os.close(fd)  # releases the lock (the kernel does too when the process dies)
 
 
-def _run(experiment: Experiment, options: ExperimentOptions, store: Store, console: Console) -> ExperimentResult:
-    exp_id, out_dir, states = _open_experiment(experiment, options, store, console)
+@dataclass
+class StoreWrites:
+    """The store while an experiment runs: reads pass through; a write that fails (a damaged page found late, a
+    full disk) is reported once and never stops the run, whose run directories keep every result."""
+
+    store: Store
+    console: Console
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return self.store.path
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.errors)
+
+    def write(self, what: str, fn: Callable[..., object], *args: object, **kwargs: object) -> None:
+        try:
+            fn(self.store, *args, **kwargs)
+        except (sqlite3.Error, OSError) as exc:
+            line = f"the run store {self.store.path} could not be written ({what}): {exc}"
+            if not self.errors:
+                self.console.print(f"[bold red]store error:[/bold red] {inert_markup(line)}; the run directories "
+                                   f"keep every result", highlight=False)
+            self.errors.append(line)
+
+
+def _run(experiment: Experiment, options: ExperimentOptions, store: StoreWrites, console: Console
+         ) -> ExperimentResult:
+    exp_id, out_dir, states = _open_experiment(experiment, options, store.store, console)
     result = ExperimentResult(experiment_id=exp_id, name=experiment.name, source=options.source,
                               status="interrupted", out_dir=str(out_dir))
     sessions: dict[str, tuple[int, str, CellSession]] = {}  # cell name -> (seq, key, session)
@@ -113,11 +198,15 @@ def _run(experiment: Experiment, options: ExperimentOptions, store: Store, conso
         if done is not None and done.status == "complete" and done.run_id:
             console.rule(inert_markup(f"cell {cell.name}: complete in {done.run_id}, skipped"))
             continue
-        run_dir = _new_dir(out_dir, _slug(cell.name))
+        try:
+            run_dir = _new_dir(out_dir, _slug(cell.name))
+            (run_dir / "cell.json").write_text(json.dumps({"experiment": experiment.name, "experiment_id": exp_id,
+                                                           "cell": cell.name, "cell_key": key,
+                                                           "definition": redacted_cell(cell)}, indent=2) + "\n")
+        except OSError as exc:  # before anything was measured: stop here
+            raise UserError(f"cannot write the cell's run directory under {out_dir}: {os_error_words(exc)}",
+                            hint="free some space, or point --out somewhere writable") from None
         run_id = f"{out_dir.name}/{run_dir.name}"
-        (run_dir / "cell.json").write_text(json.dumps({"experiment": experiment.name, "experiment_id": exp_id,
-                                                       "cell": cell.name, "cell_key": key,
-                                                       "definition": redacted_cell(cell)}, indent=2) + "\n")
         sessions[cell.name] = (seq, key, CellSession(_plan(experiment, cell, run_id, run_dir), console))
     interrupted = False
     try:
@@ -138,17 +227,18 @@ def _run(experiment: Experiment, options: ExperimentOptions, store: Store, conso
         else:
             result.cells.append(CellOutcome(name=cell.name, key=key, status="complete",
                                             run_id=states[key].run_id, skipped=True))
-    _write_state(out_dir, result)
+    _write_state(out_dir, result, sessions, store)
     if interrupted or any(c.status == "interrupted" for c in result.cells):
-        finish_experiment(store, exp_id, "interrupted")
+        store.write("finish the experiment", finish_experiment, exp_id, "interrupted")
         console.print(f"[yellow]experiment interrupted: run it again to resume ({exp_id})[/yellow]")
-        result.runs = _summaries(store, result)
+        result.runs = _summaries(store, result, options.out_root)
+        _write_state(out_dir, result, sessions, store)
         return result
     result.status = "complete"
-    finish_experiment(store, exp_id, "complete")
-    result.runs = _summaries(store, result)
+    store.write("finish the experiment", finish_experiment, exp_id, "complete")
+    result.runs = _summaries(store, result, options.out_root)
     _conclude(experiment, result, store, out_dir, options, console)
-    _write_state(out_dir, result)
+    _write_state(out_dir, result, sessions, store)
     return result
 
 
@@ -189,13 +279,19 @@ def _run_schedule(experiment: Experiment, sessions: dict[str, tuple[int, str, Ce
         up.stop()
 
 
-def _save(store: Store, exp_id: str, entry: tuple[int, str, CellSession], name: str) -> None:
+def _save(store: StoreWrites, exp_id: str, entry: tuple[int, str, CellSession], name: str) -> None:
+    """The cell into the store, after its run directory (CellSession.save wrote it): a store that fails is
+    reported and skipped from then on, never the end of the run."""
+    if store.failed:
+        return
     seq, key, session = entry
     summary = session.summary
-    records = read_records(session.rundir.records_path) if session.rundir.records_path.exists() else []
-    save_run(store, summary, records, session.rundir.path, cell_name=name, experiment_id=exp_id)
-    record_cell(store, exp_id, CellState(cell_key=key, cell_name=name, seq=seq, run_id=summary.run_id,
-                                         status=summary.status, reason=summary.error))
+    records = session.rundir.all_records()
+    store.write(f"cell {name}", save_run, summary, records, session.rundir.path, cell_name=name,
+                experiment_id=exp_id)
+    store.write(f"cell {name}", record_cell, exp_id, CellState(cell_key=key, cell_name=name, seq=seq,
+                                                              run_id=summary.run_id, status=summary.status,
+                                                              reason=summary.error))
 
 
 def _open_experiment(experiment: Experiment, options: ExperimentOptions, store: Store, console: Console
@@ -213,7 +309,11 @@ def _open_experiment(experiment: Experiment, options: ExperimentOptions, store: 
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         out_dir = _new_dir(options.out_root, f"{stamp}-{_slug(experiment.name)}")
         exp_id, states = out_dir.name, {}
-    start_experiment(store, exp_id, experiment.name, options.source, str(out_dir))
+    try:
+        start_experiment(store, exp_id, experiment.name, options.source, str(out_dir))
+    except sqlite3.Error as exc:  # before anything was measured: stop here
+        raise UserError(f"cannot write the run store {store.path}: {exc}",
+                        hint="free some space, or point --store elsewhere") from None
     return exp_id, out_dir, states
 
 
@@ -244,24 +344,59 @@ def _plan(experiment: Experiment, cell: Cell, run_id: str, run_dir: Path) -> Cel
                                       check_timeout_s=verify.check_timeout_s), trials=experiment.trials)
 
 
-def _summaries(store: Store, result: ExperimentResult) -> list[RunSummary]:
-    return [load_run(store, c.run_id)[0] for c in result.cells if c.run_id]
+def _load(store: Store | StoreWrites, run_id: str, out_root: Path | None = None
+          ) -> tuple[RunSummary, list[RequestRecord]]:
+    """A run from the store; from its run directory when the store failed during this experiment (or has no
+    such run), since the directory was written first and is complete."""
+    if isinstance(store, StoreWrites):
+        if not store.failed:
+            with contextlib.suppress(sqlite3.Error, UserError):
+                summary, records, _ = load_run(store.store, run_id)
+                return summary, records
+        store = None  # type: ignore[assignment]
+    if store is not None:
+        summary, records, _ = load_run(store, run_id)
+        return summary, records
+    path = Path(out_root or ".") / run_id
+    try:
+        summary = RunSummary.model_validate_json((path / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read run {run_id} from its directory {path}: {exc}") from None
+    records = read_records(path / "records.jsonl") if (path / "records.jsonl").exists() else []
+    return summary, records
 
 
-def _write_state(out_dir: Path, result: ExperimentResult) -> None:
+def _summaries(store: StoreWrites, result: ExperimentResult, out_root: Path) -> list[RunSummary]:
+    return [_load(store, c.run_id, out_root)[0] for c in result.cells if c.run_id]
+
+
+def _write_state(out_dir: Path, result: ExperimentResult, sessions: dict[str, tuple[int, str, CellSession]],
+                 store: StoreWrites) -> None:
+    """experiment.json, atomically; what could not be written (here or in a cell's directory, or the store) is
+    gathered into `result.write_errors`."""
+    errors = [line for _, _, session in sessions.values() for line in session.rundir.write_errors]
+    errors += store.errors
     doc = result.model_dump(mode="json", exclude={"runs"})
+    doc["write_errors"] = errors
     tmp = out_dir / "experiment.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(out_dir / "experiment.json")
+    try:
+        tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(out_dir / "experiment.json")
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        errors.append(f"could not write {out_dir / 'experiment.json'}: {os_error_words(exc)}")
+    result.write_errors = list(dict.fromkeys(result.write_errors + errors))
 
 
-def experiment_runs(experiment: Experiment, result: ExperimentResult, store: Store) -> list[RunData]:
+def experiment_runs(experiment: Experiment, result: ExperimentResult, store: Store | StoreWrites,
+                    out_root: Path | None = None) -> list[RunData]:
     """The runs to compare, baseline first: the named baseline (a cell or literal figures), else the first cell
     that completed; then the other complete cells in file order, then the other literal baselines."""
     runs: list[RunData] = []
     for cell in result.cells:
         if cell.status == "complete" and cell.run_id:
-            summary, records, _ = load_run(store, cell.run_id)
+            summary, records = _load(store, cell.run_id, out_root)
             runs.append(from_summary(summary, records, cell.name, cell.run_id, result.experiment_id))
     runs += [literal_run(name, figures) for name, figures in experiment.baselines.items()]
     if experiment.baseline is not None:
@@ -270,13 +405,13 @@ def experiment_runs(experiment: Experiment, result: ExperimentResult, store: Sto
     return runs
 
 
-def _conclude(experiment: Experiment, result: ExperimentResult, store: Store, out_dir: Path,
+def _conclude(experiment: Experiment, result: ExperimentResult, store: StoreWrites, out_dir: Path,
               options: ExperimentOptions, console: Console) -> None:
     from servelab.report.compare_terminal import render_comparison, render_experiment
     from servelab.report.html import write_report
 
     render_experiment(console, result)
-    runs = experiment_runs(experiment, result, store)
+    runs = experiment_runs(experiment, result, store, options.out_root)
     if len(runs) >= 2:
         try:
             result.comparison = compare_runs(runs)
@@ -285,16 +420,25 @@ def _conclude(experiment: Experiment, result: ExperimentResult, store: Store, ou
     else:
         result.comparison_error = "fewer than two cells completed: nothing to compare"
     if result.comparison is not None:
-        (out_dir / "comparison.json").write_text(result.comparison.model_dump_json(indent=2) + "\n",
-                                                 encoding="utf-8")
+        try:
+            (out_dir / "comparison.json").write_text(result.comparison.model_dump_json(indent=2) + "\n",
+                                                     encoding="utf-8")
+        except OSError as exc:
+            result.write_errors.append(f"could not write {out_dir / 'comparison.json'}: {os_error_words(exc)}")
         render_comparison(console, result.comparison)
     else:
         console.print(f"[yellow]no comparison: {result.comparison_error}[/yellow]")
     if options.write_report:
         measured = [r for r in runs if not r.literal]
         if measured:
-            path = write_report(measured, result.comparison, out_dir / "report.html",
-                                title=f"servelab experiment {experiment.name}")
-            result.report = str(path)
-            console.print(f"report: {path}", highlight=False)
+            try:
+                path = write_report(measured, result.comparison, out_dir / "report.html",
+                                    title=f"servelab experiment {experiment.name}")
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    (out_dir / "report.html.tmp").unlink()  # write_report's half-written copy
+                result.write_errors.append(f"could not write {out_dir / 'report.html'}: {os_error_words(exc)}")
+            else:
+                result.report = str(path)
+                console.print(f"report: {path}", highlight=False)
     console.print(f"written to {out_dir}", highlight=False)

@@ -6,14 +6,24 @@ half-way), and a busy timeout makes a writer wait for the lock instead of errori
 
 The schema is versioned (store/migrations.py): opening a store written by an older servelab migrates it in
 place; a store written by a newer servelab is refused, never modified.
+
+Reading commands (runs, show, compare, report, export) open the store read-only (`readonly=True`: SQLite's
+`mode=ro`, else `immutable=1` where even the WAL's side files cannot be made), so an archived store, a CI
+artifact or a store on a read-only mount can be read; one written by an older servelab is then migrated in a copy
+in memory, never in place. Writing commands check the store before measuring anything (`check()`: SQLite's
+quick_check and the tables the schema needs), so a damaged store stops a run before it spends any time, not
+when the first result is saved.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 from servelab.errors import UserError
@@ -29,15 +39,43 @@ def default_store_path(out_root: Path) -> Path:
     return Path(env) if env else Path(out_root) / DEFAULT_NAME
 
 
+def os_error_words(exc: OSError) -> str:
+    """'No space left on device (ENOSPC)': the reason and the errno's name, for one-line messages."""
+    name = errno.errorcode.get(exc.errno or 0)
+    reason = exc.strerror or str(exc)
+    return f"{reason} ({name})" if name else reason
+
+
+@lru_cache(maxsize=1)
+def expected_tables() -> frozenset[str]:
+    """The tables a store of the latest schema has: every migration applied to an empty database."""
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for migration in MIGRATIONS[:LATEST]:
+            migration(db)
+        return frozenset(row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+    finally:
+        db.close()
+
+
 class Store:
+    readonly = False  # opened with readonly=True: reads only
+
     def __init__(self, path: Path, connection: sqlite3.Connection):
         self.path = path
         self.db = connection
 
     @classmethod
-    def open(cls, path: Path) -> Store:
+    def open(cls, path: Path, readonly: bool = False) -> Store:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if readonly:
+            return cls._open_readonly(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot create the run store's directory {path.parent}: {os_error_words(exc)}",
+                            hint="point --store or --out somewhere writable") from None
         try:
             # isolation_level=None: transactions are ours (BEGIN IMMEDIATE), never the sqlite3 module's implicit ones
             db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
@@ -47,11 +85,81 @@ class Store:
             db.execute("PRAGMA synchronous = NORMAL")
             db.execute("PRAGMA foreign_keys = ON")
         except sqlite3.DatabaseError as exc:
-            raise UserError(f"cannot open the run store {path}: {exc}",
-                            hint="is it a servelab store? point --store elsewhere") from None
+            hint = ("it cannot be written here: reading commands (runs, show, compare, report, export) still can"
+                    if "readonly" in str(exc) or "unable to open" in str(exc)
+                    else "is it a servelab store? point --store elsewhere")
+            raise UserError(f"cannot open the run store {path}: {exc}", hint=hint) from None
         store = cls(path, db)
-        store.migrate()
+        try:
+            store.migrate()
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            raise UserError(f"cannot use the run store {path}: {exc}",
+                            hint="a damaged store: move it aside (the run directories keep every result) or "
+                                 "point --store elsewhere") from None
         return store
+
+    @classmethod
+    def _open_readonly(cls, path: Path) -> Store:
+        """Open for reading only: nothing in the file or its directory is created or changed."""
+        if not path.is_file():
+            raise UserError(f"no run store at {path}")
+        uri = "file:" + urllib.parse.quote(str(path.resolve()))
+        db = None
+        last: sqlite3.Error | None = None
+        # mode=ro reads a WAL store when its -wal/-shm can be opened or made; immutable=1 when nothing can be
+        # (a read-only mount without them): then no other process may be writing it, which is the case there.
+        for query in ("?mode=ro", "?mode=ro&immutable=1"):
+            try:
+                db = sqlite3.connect(uri + query, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+                db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                break
+            except sqlite3.Error as exc:
+                last = exc
+                if db is not None:
+                    db.close()
+                db = None
+        if db is None:
+            raise UserError(f"cannot read the run store {path}: {last}",
+                            hint="is it a servelab store? point --store elsewhere") from None
+        db.row_factory = sqlite3.Row
+        store = cls(path, db)
+        store.readonly = True
+        try:
+            version = store.version()
+            if version > LATEST:
+                raise UserError(f"the run store {path} was written by a newer servelab (schema {version}; this "
+                                f"one knows up to {LATEST})", hint="upgrade servelab")
+            if version < LATEST:  # an older store: bring a copy in memory up to date, leave the file alone
+                memory = sqlite3.connect(":memory:", isolation_level=None)
+                db.backup(memory)
+                db.close()
+                memory.row_factory = sqlite3.Row
+                store.db = memory
+                store.migrate()
+        except sqlite3.DatabaseError as exc:
+            store.close()
+            raise UserError(f"cannot read the run store {path}: {exc}",
+                            hint="a damaged store: the run directories keep every result") from None
+        return store
+
+    def check(self) -> None:
+        """Before measuring: SQLite's quick_check and every table the schema needs, so that a damaged store is a
+        UserError now rather than a lost result later."""
+        hint = (f"move {self.path} aside (the run directories keep every result; a new store is made) or point "
+                f"--store elsewhere")
+        try:
+            problems = [row[0] for row in self.db.execute("PRAGMA quick_check").fetchall()]
+            tables = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as exc:
+            raise UserError(f"the run store {self.path} is damaged: {exc}", hint=hint) from None
+        if problems != ["ok"]:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise UserError(f"the run store {self.path} is damaged: {problems[0]}{more}", hint=hint)
+        missing = sorted(expected_tables() - tables)
+        if missing:
+            raise UserError(f"the run store {self.path} is damaged: table(s) {', '.join(missing)} missing",
+                            hint=hint)
 
     def close(self) -> None:
         self.db.close()

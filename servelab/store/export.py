@@ -184,7 +184,7 @@ def export_run(ref: str, fmt: str, to: Path | None, store_path: Path) -> tuple[l
 
     if fmt not in FORMATS:
         raise UserError(f"unknown export format '{fmt}'", hint=f"use one of {', '.join(FORMATS)}")
-    with Store.open(store_path) as store:
+    with Store.open(store_path, readonly=True) as store:
         run_id = resolve_run_id(store, ref)
         if run_id is None:
             raise UserError(f"'{ref}' is neither a run directory nor a run in {store_path}")

@@ -7,6 +7,12 @@
 
 Appending records as they complete and rewriting the summary atomically after each step means Ctrl-C or a crash
 loses at most the requests that were in flight.
+
+A disk that fills up (or turns read-only) during a run costs no measurement: a write that fails is never an
+exception here. The directory keeps what it could write (a torn record line is cut back off, a half-written
+summary's `.tmp` removed), the records it could not write stay in memory (`all_records()`), and `write_errors`
+says, one line each, what could not be written and why, for the command to print (docs/output.md#disk-full).
+A directory that cannot be created or written at all is a UserError before anything is measured.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from servelab.errors import UserError
 from servelab.records import RequestRecord
 
 
@@ -25,18 +32,52 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:40] or "run"
 
 
+def os_error_words(exc: OSError) -> str:
+    """'No space left on device (ENOSPC)': the reason and the errno's name, for one-line messages."""
+    from servelab.store.db import os_error_words as words
+
+    return words(exc)
+
+
+def ensure_writable(path: Path, what: str = "directory") -> None:
+    """Create `path` if needed and write (and remove) a small file in it: a UserError naming the path and the
+    errno when that fails, so a read-only or full disk stops a command before it measures anything."""
+    probe = Path(path) / f".servelab-write-test-{os.getpid()}"
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as fh:
+            fh.write(b"servelab\n" * 512)  # a few kB: a full disk refuses the data, not only the name
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise UserError(f"cannot write to the {what} {path}: {os_error_words(exc)}",
+                        hint="free some space, or point it somewhere writable") from None
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+
+
 class RunDir:
     def __init__(self, path: Path):
         self.path = path
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot create the run directory {path}: {os_error_words(exc)}",
+                            hint="free some space, or point --out somewhere writable") from None
         self._records = None
+        self._records_good = 0  # bytes of records.jsonl known whole: a failed append is cut back to here
+        self.unwritten: list[RequestRecord] = []  # records the disk refused, kept for the summary and the store
+        self._errors: dict[str, str] = {}  # file name -> why its last write failed
 
     @classmethod
     def create(cls, root: Path, *parts: str) -> RunDir:
         """A new directory named <UTC time>-<parts...>, never reusing an existing one."""
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         base = "-".join([stamp, *(_slug(p) for p in parts if p)])
-        root.mkdir(parents=True, exist_ok=True)
+        ensure_writable(root, "output directory")
         for n in range(1000):
             candidate = root / (base if n == 0 else f"{base}-{n}")
             try:
@@ -44,6 +85,9 @@ class RunDir:
                 return cls(candidate)
             except FileExistsError:
                 continue
+            except OSError as exc:
+                raise UserError(f"cannot create a run directory under {root}: {os_error_words(exc)}",
+                                hint="free some space, or point --out somewhere writable") from None
         raise RuntimeError(f"could not create a run directory under {root}")
 
     @property
@@ -59,22 +103,78 @@ class RunDir:
         return self.path / "engine.log"
 
     def append_record(self, record: RequestRecord) -> None:
-        if self._records is None:
-            self._records = open(self.records_path, "a", encoding="utf-8")
-        self._records.write(record.model_dump_json() + "\n")
-        self._records.flush()
+        """Append and flush one record. Once the disk refused one, the rest stay in memory (`unwritten`): the file
+        keeps only whole lines, in order."""
+        if self.unwritten:
+            self.unwritten.append(record)
+            return
+        try:
+            if self._records is None:
+                self._records = open(self.records_path, "a", encoding="utf-8")
+                self._records_good = self._records.tell()
+            self._records.write(record.model_dump_json() + "\n")
+            self._records.flush()
+            self._records_good = self._records.tell()
+        except OSError as exc:
+            self.unwritten.append(record)
+            self._errors[self.records_path.name] = os_error_words(exc)
+            self._drop_records_file()
 
-    def write_json(self, name: str, doc: BaseModel) -> Path:
-        """Write atomically: a reader (or a crash) never sees half a file."""
+    def _drop_records_file(self) -> None:
+        """After a failed append: close the file without flushing the rest, and cut off a torn last line."""
+        fh, self._records = self._records, None
+        if fh is not None:
+            try:
+                fh.close()  # may write more of the failed line: cut off below with the rest of it
+            except (OSError, ValueError):
+                pass
+        try:
+            if self.records_path.exists() and self.records_path.stat().st_size > self._records_good:
+                os.truncate(self.records_path, self._records_good)
+        except OSError:
+            pass
+
+    def all_records(self) -> list[RequestRecord]:
+        """Every record of the run: those in records.jsonl, then those the disk refused."""
+        on_disk = read_records(self.records_path) if self.records_path.exists() else []
+        return on_disk + list(self.unwritten)
+
+    def write_json(self, name: str, doc: BaseModel) -> Path | None:
+        """Write atomically: a reader (or a crash) never sees half a file. None when the disk refused it (the
+        previous version, if any, stays; no `.tmp` is left; `write_errors` says why)."""
         target = self.path / name
         tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(doc.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, target)
+        try:
+            tmp.write_text(doc.model_dump_json(indent=2) + "\n", encoding="utf-8")
+            os.replace(tmp, target)
+        except OSError as exc:
+            self._errors[name] = os_error_words(exc)
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            return None
+        self._errors.pop(name, None)
         return target
+
+    @property
+    def write_errors(self) -> list[str]:
+        """What could not be written, one line each (empty when everything was)."""
+        lines = []
+        for name, why in self._errors.items():
+            if name == self.records_path.name and self.unwritten:
+                lines.append(f"could not write {self.records_path}: {why}; {len(self.unwritten)} record(s) were "
+                             f"kept in memory only")
+            else:
+                lines.append(f"could not write {self.path / name}: {why}")
+        return lines
 
     def close(self) -> None:
         if self._records is not None:
-            self._records.close()
+            try:
+                self._records.close()
+            except OSError as exc:
+                self._errors[self.records_path.name] = os_error_words(exc)
             self._records = None
 
 
