@@ -42,7 +42,8 @@ ErrorKind = Literal[
     "timeout_idle",  # the gap between two events exceeded the idle deadline
     "timeout_total",
     "disconnect",  # the connection closed before the stream ended properly
-    "parse",  # the body was not what an OpenAI-compatible server sends (HTML, invalid JSON)
+    "parse",  # the body was not what an OpenAI-compatible server sends (HTML, invalid JSON, a malformed chunk)
+    "fd_limit",  # the client could not open a socket: its file-descriptor limit (EMFILE/ENFILE), not the server
     "cancelled",  # stopped by the user (Ctrl-C) while in flight
 ]
 
@@ -96,6 +97,8 @@ class RequestRecord(BaseModel):
     http_status: int | None = None
     error_kind: ErrorKind | None = None
     error_detail: str | None = None
+    # An HTTP 429 or 503 answer's Retry-After, in seconds (at most 600): closed-loop workers wait that long.
+    retry_after_s: float | None = None
     # Which trial of its cell the request belonged to (experiments repeat each cell; docs/metrics.md#trials).
     # 0 for a lone bench run and for records written before trials existed.
     trial: int = 0

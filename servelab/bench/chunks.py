@@ -9,6 +9,9 @@ Engines differ in small ways that decide whether numbers are right (shared/resea
   not at all (llama-cpp-python);
 - llama.cpp with `timings_per_token` puts its running count of generated tokens in `timings.predicted_n`;
 - an error can arrive inside a 200 stream as `{"error": {...}}`.
+
+A chunk that is JSON but not a chunk (`"abc"`, `{"choices": [1]}`, `choices` that is not a list) raises
+MalformedChunk: the client records that one request as a `parse` failure, and the run goes on.
 """
 
 from __future__ import annotations
@@ -17,6 +20,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from servelab.records import Usage
+
+
+class MalformedChunk(ValueError):
+    """Valid JSON that is not an OpenAI-compatible streaming chunk."""
+
+
+def _excerpt(obj: Any) -> str:
+    text = repr(obj)
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 @dataclass(slots=True)
@@ -62,14 +74,18 @@ def error_message(err: Any) -> str:
 def read_chunk(obj: Any) -> ChunkView:
     # Runs once per streamed event: each field is looked up once and the view is built in one call.
     if not isinstance(obj, dict):
-        return ChunkView(error=f"chunk is not a JSON object: {str(obj)[:200]}")
+        raise MalformedChunk(f"the chunk is not a JSON object: {_excerpt(obj)}")
     choices = obj.get("choices")
     if not choices and "error" in obj:
         return ChunkView(error=error_message(obj["error"]))
     answer = reasoning = ""
     finish_reason = None
     if choices:
+        if choices.__class__ is not list:
+            raise MalformedChunk(f"the chunk's `choices` is not a list: {_excerpt(choices)}")
         choice = choices[0]  # servelab sends n=1
+        if choice.__class__ is not dict:
+            raise MalformedChunk(f"the chunk's choices[0] is not an object: {_excerpt(choice)}")
         delta = choice.get("delta")
         if isinstance(delta, dict):
             content = delta.get("content")
@@ -85,11 +101,13 @@ def read_chunk(obj: Any) -> ChunkView:
             if isinstance(text, str):
                 answer = text
         finish_reason = choice.get("finish_reason") or None
+        if finish_reason is not None and finish_reason.__class__ is not str:
+            raise MalformedChunk(f"the chunk's finish_reason is not a string: {_excerpt(finish_reason)}")
     raw_usage = obj.get("usage")
     usage = parse_usage(raw_usage) if raw_usage else None
     running_count = None
     timings = obj.get("timings")
-    if isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int):
+    if isinstance(timings, dict) and timings.get("predicted_n").__class__ is int:  # an int, not a bool
         running_count = timings["predicted_n"]
     elif choices and usage is not None and usage.completion_tokens is not None:
         # Usage on a chunk that still has choices: a running count (continuous_usage_stats) or the final count on

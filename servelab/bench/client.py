@@ -8,17 +8,24 @@ time. The per-event path runs inside the protocol's data_received callback: pars
 tuple. No task wakes up per event.
 
 Deadlines (all per request): connect, first byte (until the first event that carries a token), idle (the longest
-gap between two reads after that), total. One timer per request checks them, re-armed only when it fires (a read
-does not touch it), and whichever fires is recorded as the error kind, so a stalled stream costs `idle_s`, not
-hours.
+time without an SSE data event after that: `: ping` comments and bytes that complete no event do not count, so a
+server that only sends keep-alives is idle), total. One timer per request checks them, re-armed only when it fires
+(a read does not touch it), and whichever fires is recorded as the error kind, so a stalled stream costs `idle_s`,
+not hours.
+
+One bad response costs one request, never the run: whatever the bytes are (a chunk of the wrong shape, an
+implausible token count, an `event: error`, a redirect, an endless event, a decompression bomb), `send` returns
+a failed record that says what arrived.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import gc
 import html
 import json
+import math
 import re
 import ssl
 import time
@@ -27,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from servelab.bench.chunks import error_message, read_chunk
+from servelab.bench.chunks import MalformedChunk, error_message, read_chunk
 from servelab.bench.http1 import HTTPError, Origin, build_request, open_exchange
 from servelab.bench.sse import SSEDecodeError, SSEParser
 from servelab.bench.tokens import RawChunk, count_tokens
@@ -37,7 +44,12 @@ _EXCERPT = 300
 _HTML = re.compile(r"\s*<(!doctype|html)", re.IGNORECASE)
 _HEAD = re.compile(r"<(head|script|style)\b.*?</\1\s*>", re.IGNORECASE | re.DOTALL)
 _TAG = re.compile(r"<[^>]*>")
-_ERROR_BODY_MAX = 64 * 1024  # of an error body, kept for its message
+_ERROR_BODY_MAX = 64 * 1024  # of an error body, kept for its message; reading stops there
+# A server's token count above this is not a count (no request generates more): the request fails instead of
+# sizing anything by it. With max_tokens, the bound is twice max_tokens plus some slack for engines that count
+# more than they were asked for (an end-of-sequence token, reasoning).
+MAX_PLAUSIBLE_TOKENS = 10_000_000
+RETRY_AFTER_MAX_S = 600.0  # a Retry-After further away than this is read as this
 
 
 @dataclass(frozen=True)
@@ -65,17 +77,24 @@ class _StreamState:
     """What the hot loop accumulates for one stream. A plain slotted object: setting a pydantic field costs
     ~10x more, and this is touched once per event."""
 
-    __slots__ = ("chunks", "usage", "finish_reason", "events", "saw_done")
+    __slots__ = ("chunks", "usage", "finish_reason", "events", "saw_done", "last_event_ns", "max_count",
+                 "max_tokens")
 
-    def __init__(self) -> None:
+    def __init__(self, max_tokens: int | None = None) -> None:
         self.chunks: list[RawChunk] = []
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
         self.events = 0  # SSE data events, [DONE] excluded
         self.saw_done = False
+        self.last_event_ns = 0  # when the last SSE data event arrived: the idle deadline counts from it
+        self.max_tokens = max_tokens
+        self.max_count = plausible_token_bound(max_tokens)
 
-    def on_event(self, data: str, now_ns: int) -> bool:
+    def on_event(self, data: str, now_ns: int, event: str | None = None) -> bool:
         """Handle one SSE event; True when the stream is finished ([DONE])."""
+        self.last_event_ns = now_ns
+        if event is not None and event == "error":
+            raise _Failure("in_band", f"the stream sent an `event: error`: {_event_error_text(data)}")
         if data == "[DONE]":
             self.saw_done = True
             return True
@@ -84,16 +103,51 @@ class _StreamState:
             obj = orjson.loads(data)  # ~3x faster than json on these small objects: the client's biggest cost
         except orjson.JSONDecodeError:
             raise _Failure("parse", f"event is not JSON: {data[:_EXCERPT]!r}") from None
-        view = read_chunk(obj)
+        try:
+            view = read_chunk(obj)
+        except MalformedChunk as exc:
+            raise _Failure("parse", f"event {self.events} is not an OpenAI streaming chunk: {exc}") from None
         if view.error is not None:
             raise _Failure("in_band", view.error)
         if view.usage is not None:
+            completion = view.usage.completion_tokens
+            if completion is not None and not 0 <= completion <= self.max_count:
+                raise _Failure("parse", self._implausible("usage.completion_tokens", completion))
             self.usage = view.usage
         if view.finish_reason is not None:
             self.finish_reason = view.finish_reason
-        if view.answer or view.reasoning or view.running_count is not None:
-            self.chunks.append(RawChunk(now_ns, view.answer, view.reasoning, view.running_count))
+        count = view.running_count
+        if count is not None and not 0 <= count <= self.max_count:
+            raise _Failure("parse", self._implausible("running token count", count))
+        if view.answer or view.reasoning or count is not None:
+            self.chunks.append(RawChunk(now_ns, view.answer, view.reasoning, count))
         return False
+
+    def _implausible(self, what: str, value: int) -> str:
+        asked = f"max_tokens {self.max_tokens:,}" if self.max_tokens is not None else "no max_tokens"
+        return (f"the server's {what} ({value:,}) is not a plausible token count for a request with {asked} "
+                f"(bound {self.max_count:,}); it was not used")
+
+
+def plausible_token_bound(max_tokens: int | None) -> int:
+    """The largest token count a server may report for one request before it is read as nonsense."""
+    if isinstance(max_tokens, int) and max_tokens > 0:
+        return min(max(2 * max_tokens, max_tokens + 1024), MAX_PLAUSIBLE_TOKENS)
+    return MAX_PLAUSIBLE_TOKENS
+
+
+def _event_error_text(data: str) -> str:
+    """What an `event: error` said: its message when the data is a JSON error, else the data itself."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict):
+        inner = obj.get("error", obj)
+        if isinstance(inner, (dict, str)) and (not isinstance(inner, dict) or inner.get("message")
+                                               or inner.get("error")):
+            return error_message(inner)[:_EXCERPT]
+    return " ".join(data.split())[:_EXCERPT] or "no data"
 
 
 @dataclass
@@ -101,6 +155,7 @@ class _Failure(Exception):
     kind: ErrorKind
     detail: str
     status: int | None = None
+    retry_after_s: float | None = None
 
 
 @dataclass
@@ -123,6 +178,11 @@ class StreamClient:
         # Requests that were in flight when their task was cancelled (Ctrl-C): each is recorded here with
         # error_kind "cancelled" and whatever it had received, since send() cannot return it.
         self.cancelled: list[RequestRecord] = []
+        # Every send under way: its task (held here, so that a task nothing else refers to cannot be
+        # garbage-collected while pending, which closes its coroutine without a CancelledError and loses its
+        # record) and its record and stream state (so a send that never got to record itself is still
+        # recorded as cancelled: `abandoned`).
+        self.in_flight: dict[int, tuple[asyncio.Task | None, RequestRecord, _StreamState]] = {}
         self._frozen_at = 0.0
 
     async def __aenter__(self) -> StreamClient:
@@ -138,9 +198,29 @@ class StreamClient:
 
     async def __aexit__(self, *exc: object) -> None:
         self._headers = None
+        self.abandoned()
         if self._frozen_at:
             gc.unfreeze()  # what was frozen (records, mostly) is the collector's again
             self._frozen_at = 0.0
+
+    def abandoned(self) -> list[RequestRecord]:
+        """Record as cancelled every send still registered as in flight whose task has ended (or that has no
+        task): one whose coroutine was closed without a CancelledError. They join `cancelled`, where the load
+        modes and the runner take them from. Called when the client closes; safe to call any time."""
+        taken: list[RequestRecord] = []
+        for key, (task, record, state) in list(self.in_flight.items()):
+            if task is None or task.done():
+                del self.in_flight[key]
+                self._record_cancelled(record, state, "its task ended without finishing the request")
+                taken.append(record)
+        return taken
+
+    def _record_cancelled(self, record: RequestRecord, state: _StreamState, why: str | None = None) -> None:
+        record.error_kind = "cancelled"
+        record.error_detail = f"cancelled after {state.events} events" + (f" ({why})" if why else "")
+        record.ok = False
+        _finish_record(record, state)
+        self.cancelled.append(record)
 
     def _keep_collector_pauses_short(self) -> None:
         """Python's full collection scans every object alive, and a run's records are many: at a few hundred
@@ -175,18 +255,27 @@ class StreamClient:
         record = RequestRecord(index=spec.index, tag=spec.tag, warmup=spec.warmup, endpoint=spec.endpoint,
                                input_tokens=spec.input_tokens, max_tokens=body.get("max_tokens"),
                                sampling=sampling, scheduled_ns=scheduled_ns, t_send_ns=time.perf_counter_ns())
-        state = _StreamState()
+        state = _StreamState(record.max_tokens if isinstance(record.max_tokens, int) else None)
+        key = id(record)
+        self.in_flight[key] = (asyncio.current_task(), record, state)
         try:
             await self._stream(payload, spec.endpoint, record, state, spec.headers)
             record.ok = True
         except _Failure as f:
             record.error_kind, record.error_detail, record.http_status = f.kind, f.detail, f.status or \
                 record.http_status
+            record.retry_after_s = f.retry_after_s
         except asyncio.CancelledError:
-            record.error_kind, record.error_detail = "cancelled", f"cancelled after {state.events} events"
-            _finish_record(record, state)
-            self.cancelled.append(record)
+            if self.in_flight.pop(key, None) is not None:
+                self._record_cancelled(record, state)
             raise
+        except BaseException:
+            # Not a cancellation: the coroutine closed (GeneratorExit, a task garbage-collected while pending) or
+            # the process is being interrupted (KeyboardInterrupt). The request was in flight: keep it.
+            if self.in_flight.pop(key, None) is not None:
+                self._record_cancelled(record, state, "interrupted")
+            raise
+        self.in_flight.pop(key, None)
         _finish_record(record, state)
         self._keep_collector_pauses_short()
         return record
@@ -216,11 +305,12 @@ class StreamClient:
         def check_deadline() -> None:
             nonlocal timer
             # Until the first token: the first-byte deadline (a role chunk sent with the headers does not end it:
-            # prefill of a long prompt can take longer than any idle gap); then the idle gap; never past the total.
+            # prefill of a long prompt can take longer than any idle gap); then the idle gap since the last SSE data
+            # event (comments such as `: ping` do not reset it); never past the total.
             if not chunks:
                 limit, kind = first_byte_limit, "timeout_first_byte"
             else:
-                limit, kind = exchange.last_read_ns + idle_ns, "timeout_idle"
+                limit, kind = state.last_event_ns + idle_ns, "timeout_idle"
             if limit >= total_limit:
                 limit, kind = total_limit, "timeout_total"
             now = time.perf_counter_ns()
@@ -241,6 +331,11 @@ class StreamClient:
             raise _Failure(exc.kind, detail, record.http_status) from None  # type: ignore[arg-type]
         except SSEDecodeError as exc:
             raise _Failure("parse", str(exc)) from None
+        except (_Failure, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the response did to the handler costs this request only
+            raise _Failure("parse", f"the response could not be read ({type(exc).__name__}: {exc}) after "
+                                    f"{state.events} events") from None
         finally:
             if timer is not None:
                 timer.cancel()
@@ -251,47 +346,99 @@ class StreamClient:
 class _StreamHandler:
     """Receives one response from the exchange: SSE events into the stream state, or an error body."""
 
-    __slots__ = ("record", "state", "parser", "error_body", "content_type")
+    __slots__ = ("record", "state", "parser", "error_body", "content_type", "location", "retry_after")
 
     def __init__(self, record: RequestRecord, state: _StreamState):
         self.record, self.state = record, state
         self.parser = SSEParser()
         self.error_body: bytearray | None = None  # collected instead of parsed: an error status or not a stream
         self.content_type = ""
+        self.location: str | None = None  # a redirect's Location
+        self.retry_after: float | None = None  # a 429's or 503's Retry-After, in seconds
 
     def on_head(self, status: int, headers: dict[str, str], now_ns: int) -> None:
         self.record.t_headers_ns = now_ns
         self.record.http_status = status
         self.content_type = headers.get("Content-Type", "")
-        if status >= 400 or "text/event-stream" not in self.content_type:
+        if 300 <= status < 400:
+            self.location = headers.get("Location")
+        if status in (429, 503):
+            self.retry_after = parse_retry_after(headers.get("Retry-After"))
+        if status >= 300 or "text/event-stream" not in self.content_type:
             self.error_body = bytearray()
 
     def on_body(self, data: bytes, now_ns: int) -> bool:
         if self.error_body is not None:
-            if len(self.error_body) < _ERROR_BODY_MAX:
-                self.error_body += data
+            self.error_body += data[:_ERROR_BODY_MAX - len(self.error_body)]
+            if len(self.error_body) >= _ERROR_BODY_MAX:
+                raise self._body_failure()  # enough for its message: the rest is not read
             return False
         on_event = self.state.on_event
-        for ev in self.parser.feed(data):
-            if on_event(ev.data, now_ns):
+        try:
+            events = self.parser.feed(data)
+        except SSEDecodeError as exc:
+            for ev in exc.events:  # what the same read completed before the bad event counts
+                if on_event(ev.data, now_ns, ev.event):
+                    return True
+            raise
+        for ev in events:
+            if on_event(ev.data, now_ns, ev.event):
                 return True
         return False
 
+    def _body_failure(self) -> _Failure:
+        status, raw = self.record.http_status or 0, bytes(self.error_body or b"")
+        if 300 <= status < 400:
+            where = f"to {self.location!r}" if self.location else "without a Location header"
+            return _Failure("http", f"HTTP {status}: a redirect {where}; servelab does not follow redirects, "
+                                    f"give the URL it points to", status)
+        if status >= 400:
+            detail = f"HTTP {status}: {_error_text(raw) or 'no body'}"
+            if self.retry_after is not None:
+                detail += f" (Retry-After: {self.retry_after:g} s)"
+            return _Failure("http", detail, status, self.retry_after)
+        return _Failure("parse", _not_a_stream(raw, self.content_type), status)
+
     def on_end(self, now_ns: int) -> None:
         if self.error_body is not None:
-            status, raw = self.record.http_status or 0, bytes(self.error_body)
-            if status >= 400:
-                raise _Failure("http", f"HTTP {status}: {_error_text(raw) or 'no body'}", status)
-            raise _Failure("parse", _not_a_stream(raw, self.content_type), status)
+            raise self._body_failure()
         state = self.state
-        for ev in self.parser.close():
-            if state.on_event(ev.data, now_ns):
+        try:
+            events = self.parser.close()
+        except SSEDecodeError as exc:
+            for ev in exc.events:
+                if state.on_event(ev.data, now_ns, ev.event):
+                    return
+            raise
+        for ev in events:
+            if state.on_event(ev.data, now_ns, ev.event):
                 return
         if state.finish_reason is None:
             raise _Failure("disconnect", f"connection closed after {state.events} events, before any "
                                          "finish_reason or [DONE]")
         # A clean end after finish_reason is a complete answer even without [DONE] (transformers serve never
         # sends it); `saw_done` keeps the deviation visible.
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), at most RETRY_AFTER_MAX_S; None when
+    absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX_S)
 
 
 def _finish_record(record: RequestRecord, state: _StreamState) -> None:

@@ -50,13 +50,22 @@ def error_gate(levels: Sequence[Summary], max_error_rate: float | None = None) -
     """Why a bench failed its error gate, one reason per level that broke it (empty: it passed).
 
     Without `max_error_rate`, a level breaks the gate when every request it finished failed; with it, when the
-    share of failed requests is above that fraction (0 tolerates none)."""
+    share of failed requests is above that fraction (0 tolerates none). Whatever the fraction, a level breaks it
+    when the client ran out of file descriptors (the load asked for was never offered) or when the server stopped
+    accepting connections during it."""
     reasons: list[str] = []
     for level in levels:
         rate = error_rate(level)
         if rate is None or level.failed == 0:
             continue
-        if max_error_rate is None:
+        ended_by = level.steady.ended_by if level.steady is not None else None
+        if level.errors.get("fd_limit"):
+            reasons.append(f"{level.tag}: {level.errors['fd_limit']:,} requests could not open a socket: the client "
+                           f"ran out of file descriptors (`ulimit -n`), so the load asked for was not offered")
+        elif ended_by == "gone":
+            reasons.append(f"{level.tag}: the server stopped accepting connections ({level.failed:,} of "
+                           f"{level.ok + level.failed:,} requests failed)")
+        elif max_error_rate is None:
             if level.ok == 0:
                 reasons.append(f"{level.tag}: every request failed ({level.failed:,} of {level.failed:,})")
         elif rate > max_error_rate:

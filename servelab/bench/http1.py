@@ -11,11 +11,18 @@ What it does: plain and TLS connections, one connection per request (`Connection
 why), Content-Length, chunked and close-delimited bodies, gzip/deflate bodies. What it does not: proxies,
 redirects, keep-alive pooling, HTTP/2 — none of which a benchmark of an inference server should go through
 silently.
+
+A compressed body is inflated in steps of at most INFLATE_STEP bytes, each handed to the handler before the next,
+and may expand to at most MAX_INFLATED_BYTES in all (or MAX_INFLATE_RATIO times its compressed size, once past
+INFLATE_RATIO_FROM bytes): a decompression bomb is a `parse` failure of its request, not gigabytes of memory.
+A socket the client cannot open because it ran out of file descriptors (EMFILE, ENFILE) is a `fd_limit` failure
+(FileLimit), the client's fault, not the server's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import ipaddress
 import os
@@ -34,6 +41,10 @@ import httptools
 from servelab import __version__
 
 USER_AGENT = f"servelab/{__version__}"
+INFLATE_STEP = 1 << 20  # a compressed body is inflated this much at a time
+MAX_INFLATED_BYTES = 256 << 20  # a compressed body may expand to this much in all ...
+INFLATE_RATIO_FROM = 16 << 20  # ... and, past this much, to at most MAX_INFLATE_RATIO x its compressed size
+MAX_INFLATE_RATIO = 200  # JSON event streams compress 10-50x; a bomb of zeros ~1000x
 
 
 class HTTPError(Exception):
@@ -48,6 +59,12 @@ class ConnectFailed(HTTPError):
 
 class ConnectTimeout(HTTPError):
     kind = "timeout_connect"
+
+
+class FileLimit(HTTPError):
+    """The client could not open a socket: too many open files (its descriptor limit, or the system's)."""
+
+    kind = "fd_limit"
 
 
 class Disconnected(HTTPError):
@@ -123,6 +140,8 @@ class Exchange(asyncio.Protocol):
         self._head_done = False
         self._close_delimited = False
         self._decoder: zlib._Decompress | None = None  # type: ignore[name-defined]
+        self._compressed = 0  # bytes of compressed body received
+        self._inflated = 0  # bytes they inflated to
         self._now_ns = 0
         self._error: BaseException | None = None  # raised inside a parser callback, re-raised after feed_data
 
@@ -189,15 +208,38 @@ class Exchange(asyncio.Protocol):
         if self._error is not None or self.finished.done():
             return
         if self._decoder is not None:
+            self._inflate(body)
+            return
+        if self._call(self.handler.on_body, body, self._now_ns):
+            self._finish(None)
+
+    def _inflate(self, body: bytes) -> None:
+        """Inflate `body` a step at a time, each step to the handler before the next, within the bounds."""
+        decoder = self._decoder
+        assert decoder is not None
+        self._compressed += len(body)
+        while True:
             try:
-                body = self._decoder.decompress(body)
+                out = decoder.decompress(body, INFLATE_STEP)
             except zlib.error as exc:
                 self._fail(MalformedResponse(f"the compressed body could not be decoded: {exc}"))
                 return
+            self._inflated += len(out)
+            if self._inflated > MAX_INFLATED_BYTES or (self._inflated > INFLATE_RATIO_FROM and
+                                                       self._inflated > MAX_INFLATE_RATIO * self._compressed):
+                self._fail(MalformedResponse(
+                    f"the compressed body expanded past {self._inflated >> 20} MiB from "
+                    f"{self._compressed:,} bytes (a decompression bomb?); the rest was not read"))
+                return
+            if out:
+                if self._call(self.handler.on_body, out, self._now_ns):
+                    self._finish(None)
+                    return
+                if self._error is not None:
+                    return
+            body = decoder.unconsumed_tail
             if not body:
                 return
-        if self._call(self.handler.on_body, body, self._now_ns):
-            self._finish(None)
 
     def on_message_complete(self) -> None:
         if self._error is not None or self.finished.done() or not self._head_done:
@@ -378,5 +420,8 @@ async def open_exchange(origin: Origin, request: bytes, handler: ResponseHandler
         raise ConnectTimeout(f"no connection to {origin.host}:{origin.port} within {connect_timeout_s:g}s") \
             from None
     except OSError as exc:  # refused, unreachable, unknown host (gaierror), TLS failures (SSLError)
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise FileLimit(f"cannot open a socket: {exc.strerror or exc} (the client's file-descriptor limit: "
+                            f"`ulimit -n`)") from None
         raise ConnectFailed(f"cannot connect to {origin.host}:{origin.port}: {exc.strerror or exc}") from None
     return exchange

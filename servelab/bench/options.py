@@ -2,13 +2,20 @@
 combination that makes no sense refused as a UserError (one line, before anything is sent).
 
 Kept out of cli.py so the CLI only parses and renders, and so these rules are tested without a subprocess.
+
+Numbers are bounded as well as checked for sign: a duration, rate or burstiness must be finite, an integer must fit
+what engines and JSON carry (MAX_INT), and an open-loop schedule may neither last longer than MAX_SECONDS nor hold
+more than MAX_SCHEDULED requests, so `--duration inf`, `--max-tokens 18446744073709551616` or `--rate 1e-9
+--requests 2` (a 31-year wait) are one-line usage errors, not internal errors or silent waits.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from servelab.bench.client import Deadlines
 from servelab.bench.loads.arrivals import ARRIVALS
 from servelab.bench.plans import PLAN_MODES, LoadPlan
 from servelab.bench.runner import BenchOptions
@@ -22,6 +29,13 @@ MODES = ("single", "sweep", *PLAN_MODES)
 DEFAULT_LEVEL_DURATION_S = 10.0
 DEFAULT_SINGLE_REQUESTS = 8
 DEFAULT_SWEEP_MAX_CONCURRENCY = 64
+MAX_INT = 2**31 - 1  # counts and token lengths: what every engine's int32 fields hold
+MAX_SEED = 2**63 - 1
+MAX_REQUESTS = 10_000_000  # per level: every record of a level is held in memory
+MAX_SECONDS = 7 * 24 * 3600.0  # a level, a deadline, a schedule: a week at most
+MAX_RATE = 1_000_000.0  # requests/s
+MAX_BURSTINESS = 1000.0  # gamma shape: CV 0.03, already constant for every purpose (use --arrival constant)
+MAX_SCHEDULED = 10_000_000  # requests one open-loop level may schedule (the schedule is computed up front)
 
 
 @dataclass
@@ -59,6 +73,11 @@ class BenchArgs:
     min_requests: int | None = None  # steady state: completed requests a level's window must hold
     max_level_duration: float | None = None  # steady state: the cap on a level's duration
     max_error_rate: float | None = None  # the error gate (None: only a level where every request failed)
+    # Per-request deadlines, seconds (None: the defaults of bench/client.py's Deadlines).
+    timeout_connect: float | None = None
+    timeout_first_byte: float | None = None
+    timeout_idle: float | None = None  # since the last SSE data event (comments do not count)
+    timeout_total: float | None = None
 
 
 def build_options(a: BenchArgs) -> BenchOptions:
@@ -72,7 +91,20 @@ def build_options(a: BenchArgs) -> BenchOptions:
               max_rate=a.max_rate, max_probes=a.max_probes, burstiness=a.burstiness)
     if a.warmup < 0:
         raise UserError("--warmup must be zero or more")
-    _positive(min_requests=a.min_requests, max_level_duration=a.max_level_duration)
+    _positive(min_requests=a.min_requests, max_level_duration=a.max_level_duration, timeout_connect=a.timeout_connect,
+              timeout_first_byte=a.timeout_first_byte, timeout_idle=a.timeout_idle, timeout_total=a.timeout_total)
+    _at_most(MAX_INT, max_tokens=a.max_tokens, max_concurrency=a.max_concurrency, concurrency=a.concurrency,
+             prefix_groups=a.prefix_groups, prefix_tokens=a.prefix_tokens, prefix_group_size=a.prefix_group_size,
+             min_tokens=a.min_tokens, warmup=a.warmup, max_probes=a.max_probes, min_requests=a.min_requests)
+    _at_most(MAX_REQUESTS, requests=a.requests)
+    _at_most(MAX_SEED, seed=a.seed)
+    if a.seed < 0:
+        raise UserError("--seed must be zero or more")
+    _at_most(MAX_SECONDS, duration=a.duration, max_level_duration=a.max_level_duration,
+             timeout_connect=a.timeout_connect, timeout_first_byte=a.timeout_first_byte,
+             timeout_idle=a.timeout_idle, timeout_total=a.timeout_total, unit=" s (a week)")
+    _at_most(MAX_RATE, max_rate=a.max_rate, unit=" requests/s")
+    _at_most(MAX_BURSTINESS, burstiness=a.burstiness, unit=" (use --arrival constant for regular arrivals)")
     if a.max_error_rate is not None and not 0 <= a.max_error_rate <= 1:
         raise UserError(f"--max-error-rate is a fraction between 0 and 1 (got {a.max_error_rate:g})")
     if a.max_level_duration is not None and a.duration is not None and a.max_level_duration < a.duration:
@@ -86,12 +118,59 @@ def build_options(a: BenchArgs) -> BenchOptions:
     slos = parse_slos(a.slo)
     if slos and a.mode in ("single", "sweep"):
         raise UserError("latency targets (--slo) apply to --mode concurrency, rate, rate-sweep and slo-search")
+    plan = build_plan(a, slos)
+    level_duration_s = a.duration or DEFAULT_LEVEL_DURATION_S
+    check_schedule(a.mode, plan, rule, level_duration_s)
     return BenchOptions(mode=a.mode, model=a.model, workload=build_workload(a),
                         single_requests=a.requests or DEFAULT_SINGLE_REQUESTS, warmup=a.warmup,
-                        level_duration_s=a.duration or DEFAULT_LEVEL_DURATION_S,
+                        level_duration_s=level_duration_s,
                         max_concurrency=a.max_concurrency or DEFAULT_SWEEP_MAX_CONCURRENCY, api_key=a.api_key,
-                        plan=build_plan(a, slos), tokenizer=a.tokenizer, steady=rule,
-                        max_error_rate=a.max_error_rate)
+                        plan=plan, tokenizer=a.tokenizer, steady=rule,
+                        max_error_rate=a.max_error_rate, deadlines=build_deadlines(a))
+
+
+def build_deadlines(a: BenchArgs) -> Deadlines:
+    """The per-request deadlines (docs/metrics.md#deadlines): the defaults, with what was given laid over them."""
+    given = {"connect_s": a.timeout_connect, "first_byte_s": a.timeout_first_byte, "idle_s": a.timeout_idle,
+             "total_s": a.timeout_total}
+    return replace(Deadlines(), **{k: v for k, v in given.items() if v is not None})
+
+
+def check_schedule(mode: str, plan: LoadPlan, rule: SteadyRule, level_duration_s: float) -> None:
+    """Refuse an open-loop schedule that would take longer than MAX_SECONDS or hold more than MAX_SCHEDULED
+    requests (it is computed, and its requests built, before the level starts), saying how long or how many."""
+    if not (mode in ("rate", "rate-sweep") or (mode == "slo-search" and plan.search == "rate")):
+        return
+    if plan.rates:
+        rates = list(plan.rates)
+    elif mode == "slo-search":
+        start = plan.search_start or plan.ramp_start
+        rates = [start / 64, start, plan.max_rate]
+    else:
+        rates = [plan.ramp_start, plan.max_rate]
+    requests, duration = plan.bounds(level_duration_s)
+    horizon = rule.cap_s(duration)  # with the steady-state extension, a level may schedule up to its cap
+    for rate in rates:
+        if horizon is None:  # a request budget without a duration: the schedule lasts as long as it takes
+            span_s = (requests - 1) / rate if requests else 0.0
+            if span_s > MAX_SECONDS:
+                raise UserError(f"--rate {rate:g} with --requests {requests:,} schedules its requests over about "
+                                f"{_how_long(span_s)}, more than the {_how_long(MAX_SECONDS)} a level may last",
+                                hint="raise the rate, send fewer requests, or bound the level with --duration")
+            continue
+        count = rate * horizon if requests is None else min(requests, rate * horizon)
+        if count > MAX_SCHEDULED:
+            raise UserError(f"--rate {rate:g} for levels of up to {horizon:g} s (with the steady-state extension) "
+                            f"schedules about {count:,.0f} requests, more than the {MAX_SCHEDULED:,} one level may "
+                            f"hold", hint="lower the rate, or bound the level with --requests or a shorter "
+                                          "--duration / --max-level-duration")
+
+
+def _how_long(seconds: float) -> str:
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:,.3g} {unit}"
+    return f"{seconds:,.3g} s"
 
 
 def build_plan(a: BenchArgs, slos) -> LoadPlan:
@@ -159,6 +238,8 @@ def parse_rates(text: str) -> list[float]:
         raise UserError(f"bad --rate '{text}'", hint="requests per second, e.g. 4 or 1,2,4,8") from None
     if not rates or any(not r > 0 for r in rates):
         raise UserError(f"bad --rate '{text}': rates must be positive")
+    if any(not r <= MAX_RATE for r in rates):
+        raise UserError(f"bad --rate '{text}': rates must be finite, at most {MAX_RATE:,.0f} requests/s")
     return rates
 
 
@@ -166,3 +247,13 @@ def _positive(**values) -> None:
     bad = [name for name, v in values.items() if v is not None and not v > 0]
     if bad:
         raise UserError(f"--{bad[0].replace('_', '-')} must be positive")
+
+
+def _at_most(limit: float, unit: str = "", **values) -> None:
+    """Each given value is at most `limit`, and so finite (inf and nan are refused too)."""
+    for name, v in values.items():
+        if v is not None and not v <= limit:
+            shown = (f"{v:g}" if isinstance(v, float) else f"{v:,}" if v < 10**24
+                     else f"{str(v)[:6]}… ({len(str(v))} digits)")
+            most = f"{limit:,}" if isinstance(limit, int) else f"{limit:,.0f}"
+            raise UserError(f"--{name.replace('_', '-')} {shown} is out of range: at most {most}{unit}")

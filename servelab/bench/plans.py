@@ -131,11 +131,13 @@ async def rate_level(state: BenchState, client: StreamClient, target: Target, ra
 
 async def concurrency_level(state: BenchState, client: StreamClient, target: Target, concurrency: int
                             ) -> Summary:
-    from servelab.bench.runner import begin_level
+    from servelab.bench.runner import begin_level, ensure_streams
 
     opts, plan = state.options, state.options.plan
     requests, duration = plan.bounds(opts.level_duration_s)
     tag = f"c{concurrency}"
+    ensure_streams(state, concurrency if requests is None else min(concurrency, requests),
+                   f"concurrency {concurrency}")
     load = {"requests": requests, "duration_s": duration}
     state.current_plan = {"mode": "concurrency", "load": load}
     await begin_level(state, tag, concurrency)
@@ -153,7 +155,7 @@ async def _finish(state: BenchState, records: list[RequestRecord], *, tag: str, 
     """The runner's finish (server metrics, recount, figures, steady state), then what this module's modes add:
     the load's description, goodput and the SLO verdict when there are targets, and a warning when sends ran
     late."""
-    from servelab.bench.runner import finish_level
+    from servelab.bench.runner import finish_level, stop_if_broken
 
     summary = await finish_level(state, records, tag=tag, mode=mode, concurrency=concurrency, window=window,
                                  control=control, rate=rate)
@@ -173,6 +175,7 @@ async def _finish(state: BenchState, records: list[RequestRecord], *, tag: str, 
         summary.warnings.append(f"client lag p99 {lag.value:.1f} ms: sends went out late, so the load offered "
                                 f"was below the schedule's (the client, not the server, limited it)")
     state.levels.append(summary)
+    stop_if_broken(summary)
     return summary
 
 

@@ -19,6 +19,7 @@ import aiohttp
 
 from servelab import aio
 from servelab.bench.client import ClientOptions, Deadlines, StreamClient
+from servelab.bench.limits import DescriptorShortage, auth_headers, check_descriptors, streams_needed
 from servelab.bench.environment import EnvironmentSampler, contention_warning
 from servelab.bench.failures import top_errors
 from servelab.bench.loads import Recorder, Target, make_spec, run_concurrency, run_single
@@ -153,6 +154,32 @@ def headline(result: BenchResult) -> dict[str, Figure]:
     return out
 
 
+class BenchStopped(Exception):
+    """A level found that the run cannot go on (the server is gone, the client ran out of file descriptors): the
+    levels measured so far are kept and the run stops with this reason."""
+
+
+# What ended a level (LevelControl.ended_by) that ends the whole run too.
+STOPPING_ENDS = ("gone", "fd_limit")
+
+
+def stop_if_broken(summary: Summary) -> None:
+    """Raise BenchStopped after a level that ended because the server is gone or the client ran out of
+    descriptors: a next level would only fail the same way."""
+    steady = summary.steady
+    if steady is not None and steady.ended_by in STOPPING_ENDS:
+        raise BenchStopped(f"{summary.tag}: {steady.reason}")
+
+
+def ensure_streams(state: BenchState, streams: int, what: str) -> None:
+    """Before a level of `streams` concurrent requests: make sure the client may open that many sockets, or stop
+    the run (BenchStopped) saying why, keeping the levels measured so far."""
+    try:
+        check_descriptors(streams, what)
+    except DescriptorShortage as exc:
+        raise BenchStopped(str(exc)) from None
+
+
 async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
     """Check the server answers, pick the model, and recognise the engine. Raises UserError if unreachable."""
     url = state.url
@@ -190,9 +217,10 @@ async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
         state.accepts_ignore_eos = adapter.accepts_ignore_eos
     option = state.options.tokenizer
     if option == "auto":
-        state.tokenizer = LlamaCppServerTokenizer(url) if await probe_server_tokenizer(session, url) else None
+        state.tokenizer = (LlamaCppServerTokenizer(url, api_key=state.options.api_key)
+                           if await probe_server_tokenizer(session, url) else None)
     else:
-        state.tokenizer = tokenizer_from_option(option, url)
+        state.tokenizer = tokenizer_from_option(option, url, api_key=state.options.api_key)
 
 
 async def begin_level(state: BenchState, tag: str, concurrency: int) -> None:
@@ -255,7 +283,13 @@ def attach_environment(summary: Summary, environment: EnvironmentSummary | None)
 
 async def run_bench(state: BenchState) -> BenchResult:
     opts = state.options
-    async with aiohttp.ClientSession() as probe_session:
+    streams = streams_needed(opts)
+    if streams is not None:  # before anything is sent: a limit too low for the load asked for is a set-up error
+        check_descriptors(*streams)
+    # The API key goes with every request servelab makes, not only the streams: /v1/models, the engine's
+    # fingerprint, /tokenize, the prompt counters and /metrics.
+    headers = auth_headers(opts.api_key)
+    async with aiohttp.ClientSession(headers=headers) as probe_session:
         await prepare(state, probe_session)
         await prepare_workload(state, probe_session)
     from servelab.engines import get_engine  # registry lookup for the detected engine's request extras
@@ -266,20 +300,23 @@ async def run_bench(state: BenchState) -> BenchResult:
     target = Target(model=state.model, accepts_ignore_eos=state.accepts_ignore_eos,
                     accepts_min_tokens=state.accepts_min_tokens)
     async with EnvironmentSampler(opts.engine_pids, url=state.url) as environment, \
-            MetricsWatcher(state.url, adapter.metric_names if adapter else {}) as watcher, \
+            MetricsWatcher(state.url, adapter.metric_names if adapter else {}, headers=headers) as watcher, \
             StreamClient(state.url, client_opts) as client:
         state.watcher, state.client, state.environment = watcher, client, environment
-        if opts.mode == "single":
-            await warm_up(state, client, target, tag="single")
-            await begin_level(state, "single", 1)
-            records, window = await run_single(client, opts.workload, target, state.recorder,
-                                               requests=opts.single_requests, warmup=0)
-            state.levels.append(await finish_level(state, records, tag="single", mode="single", concurrency=1,
-                                                   window=window))
-        elif opts.mode == "sweep":
-            await sweep(state, client, target)
-        else:
-            await run_plan(state, client, target)
+        try:
+            if opts.mode == "single":
+                await warm_up(state, client, target, tag="single")
+                await begin_level(state, "single", 1)
+                records, window = await run_single(client, opts.workload, target, state.recorder,
+                                                   requests=opts.single_requests, warmup=0)
+                state.levels.append(await finish_level(state, records, tag="single", mode="single",
+                                                       concurrency=1, window=window))
+            elif opts.mode == "sweep":
+                await sweep(state, client, target)
+            else:
+                await run_plan(state, client, target)
+        except BenchStopped as exc:
+            state.stop_reason = f"stopped: {exc}"
     return state.result()
 
 
@@ -301,6 +338,7 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
     concurrency = fixed.pop(0) if fixed else 1
     while concurrency <= opts.max_concurrency or opts.sweep_levels:
         tag = f"c{concurrency}"
+        ensure_streams(state, concurrency, f"concurrency {concurrency}")
         await begin_level(state, tag, concurrency)
         control = LevelControl(opts.steady, duration_s=opts.level_duration_s)
         records, window = await run_concurrency(client, opts.workload, target, state.recorder,
@@ -309,6 +347,7 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
         level = await finish_level(state, records, tag=tag, mode="concurrency", concurrency=concurrency,
                                    window=window, control=control)
         state.levels.append(level)
+        stop_if_broken(level)
         tput = level.figures["output_tok_s"].value or 0.0
         if level.failed and level.failed > (level.ok + level.failed) / 2:
             state.stop_reason = f"more than half the requests failed at concurrency {concurrency}"

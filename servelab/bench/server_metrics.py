@@ -69,17 +69,19 @@ class LevelWatch:
 
 
 class MetricsWatcher:
-    def __init__(self, base_url: str, names: dict[str, str], interval_s: float = 1.0):
+    def __init__(self, base_url: str, names: dict[str, str], interval_s: float = 1.0,
+                 headers: dict[str, str] | None = None):
         self.base_url = base_url
         self.names = names
         self.interval_s = interval_s
+        self.headers = headers  # the API key, when the server wants one for /metrics too
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task | None = None
         self._watch: LevelWatch | None = None
         self.available = True
 
     async def __aenter__(self) -> MetricsWatcher:
-        self._session = aiohttp.ClientSession()
+        self._session = aiohttp.ClientSession(headers=self.headers)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

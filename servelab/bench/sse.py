@@ -5,7 +5,11 @@ It follows the WHATWG event-stream rules where engines rely on them and tolerate
 - `:` lines are comments (keep-alive pings), counted but not events;
 - several `data:` lines in one event are joined with \n; events of any size (no 64 KB line limit);
 - UTF-8 is decoded per complete event, so a multi-byte character split across reads is never corrupted;
-- at end of stream, an event without the final blank line is still delivered (`close()`).
+- at end of stream, an event without the final blank line is still delivered (`close()`);
+- an event may be large, but not without bound: one that grows past MAX_EVENT_BYTES (a server that never sends
+  the blank line, or a decompression bomb) is an error, not a process that runs out of memory;
+- an event that is not valid UTF-8 raises SSEDecodeError, which carries the events the same read completed
+  before it (`.events`), so what arrived intact is never dropped with it.
 """
 
 from __future__ import annotations
@@ -13,8 +17,16 @@ from __future__ import annotations
 from typing import NamedTuple
 
 
+MAX_EVENT_BYTES = 16 * 1024 * 1024  # one event's data (and a line without its end) may grow to this
+
+
 class SSEDecodeError(ValueError):
-    """An event's data was not valid UTF-8."""
+    """An event's data was not valid UTF-8, or an event grew past MAX_EVENT_BYTES. `events`: the events completed
+    by the same read before the bad one, in order (the caller still owes them to its reader)."""
+
+    def __init__(self, message: str, events: list[SSEEvent] | None = None):
+        super().__init__(message)
+        self.events: list[SSEEvent] = events or []
 
 
 class SSEEvent(NamedTuple):  # a tuple: the cheapest immutable record to build once per event
@@ -24,11 +36,12 @@ class SSEEvent(NamedTuple):  # a tuple: the cheapest immutable record to build o
 
 
 class SSEParser:
-    __slots__ = ("_tail", "_data", "_event", "_id", "_pending_cr", "comments")
+    __slots__ = ("_tail", "_data", "_size", "_event", "_id", "_pending_cr", "comments")
 
     def __init__(self) -> None:
         self._tail = b""  # an incomplete last line
         self._data: list[bytes] = []
+        self._size = 0  # bytes in _data
         self._event: str | None = None
         self._id: str | None = None
         self._pending_cr = False  # the previous read ended in \r: a leading \n now belongs to it
@@ -53,18 +66,25 @@ class SSEParser:
         self._tail = lines.pop()
         events: list[SSEEvent] = []
         data = self._data
-        for line in lines:
-            # The two lines every OpenAI stream is made of, handled inline (this runs once per line).
-            if not line:
-                if data:
-                    self._dispatch(events)
-                    data = self._data
+        try:
+            for line in lines:
+                # The two lines every OpenAI stream is made of, handled inline (this runs once per line).
+                if not line:
+                    if data:
+                        self._dispatch(events)
+                        data = self._data
+                    else:
+                        self._event = None
+                elif line.startswith(b"data:"):
+                    data.append(line[6:] if line[5:6] == b" " else line[5:])
+                    self._size += len(line)
                 else:
-                    self._event = None
-            elif line.startswith(b"data:"):
-                data.append(line[6:] if line[5:6] == b" " else line[5:])
-            else:
-                self._line(line, events)
+                    self._line(line, events)
+            if self._size > MAX_EVENT_BYTES or len(self._tail) > MAX_EVENT_BYTES:
+                raise SSEDecodeError(f"an event grew past {MAX_EVENT_BYTES // (1024 * 1024)} MiB without ending")
+        except SSEDecodeError as exc:
+            exc.events = events
+            raise
         return events
 
     def _feed_whole_events(self, chunk: bytes) -> list[SSEEvent] | None:
@@ -81,18 +101,22 @@ class SSEParser:
             try:
                 events.append(SSEEvent(block[6:].decode("utf-8"), None, event_id))
             except UnicodeDecodeError as exc:
-                raise SSEDecodeError(f"event data is not valid UTF-8 at byte {exc.start}") from exc
+                raise SSEDecodeError(f"event data is not valid UTF-8 at byte {exc.start}", events) from exc
         self._event = None
         return events
 
     def close(self) -> list[SSEEvent]:
         """End of stream: deliver a final event that lacked its blank line."""
         events: list[SSEEvent] = []
-        if self._tail:
-            self._line(self._tail, events)
-            self._tail = b""
-        if self._data:
-            self._dispatch(events)
+        try:
+            if self._tail:
+                self._line(self._tail, events)
+                self._tail = b""
+            if self._data:
+                self._dispatch(events)
+        except SSEDecodeError as exc:
+            exc.events = events
+            raise
         return events
 
     def _line(self, line: bytes, events: list[SSEEvent]) -> None:
@@ -110,6 +134,7 @@ class SSEParser:
             value = value[1:]
         if field == b"data":
             self._data.append(value)
+            self._size += len(value)
         elif field == b"event":
             self._event = value.decode("utf-8", "replace")
         elif field == b"id":
@@ -119,6 +144,7 @@ class SSEParser:
     def _dispatch(self, events: list[SSEEvent]) -> None:
         raw = b"\n".join(self._data)
         self._data = []
+        self._size = 0
         event, self._event = self._event, None
         try:
             data = raw.decode("utf-8")

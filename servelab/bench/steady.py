@@ -87,7 +87,8 @@ def judge(records: Sequence[RequestRecord], window: tuple[int, int], rule: Stead
           cap_s: float | None = None, rate: float | None = None, budget: int | None = None) -> SteadyState:
     """Whether a finished level reached a steady state. `ended_by` says what stopped it sending: "steady" (the
     rule held after its duration), "budget", "schedule", "cap", "failures" (its first requests all failed),
-    "failing" (most had failed when its duration ran out), "duration" (no rule applied), "interrupted"."""
+    "failing" (most had failed when its duration ran out), "gone" (connections refused in a row), "fd_limit"
+    (the client ran out of file descriptors), "duration" (no rule applied), "interrupted"."""
     measured_records = [r for r in records if not r.warmup]
     ok = [r for r in measured_records if r.ok]
     failed = [r for r in measured_records if not r.ok and r.error_kind != "cancelled"]
@@ -98,7 +99,7 @@ def judge(records: Sequence[RequestRecord], window: tuple[int, int], rule: Stead
     every = sorted(e for r in ok if (e := e2e_s(r)) is not None)
     p50 = percentile(inside or every, 50) if (inside or every) else None
     capped = ended_by == "cap"
-    measured = holds(window_s, inside, rule) and ended_by not in ("cap", "failures", "failing")
+    measured = holds(window_s, inside, rule) and ended_by not in ("cap", "failures", "failing", "gone", "fd_limit")
     steady = SteadyState(measured=measured, completed_in_window=len(inside), min_completed=rule.min_completed,
                          latency_multiple=rule.latency_multiple, e2e_p50_s=p50, window_s=window_s,
                          ended_by=ended_by, capped=capped, cap_s=cap_s)
@@ -115,8 +116,14 @@ def judge(records: Sequence[RequestRecord], window: tuple[int, int], rule: Stead
     if measured:
         return steady
     stopped = {"failures": f"the first {rule.give_up_after} requests all failed, so the level stopped early",
-               "failing": "most requests had failed when its duration ran out, so it was not extended"}
-    if not ok and failed:
+               "failing": "most requests had failed when its duration ran out, so it was not extended",
+               "gone": f"{rule.give_up_after} requests in a row could not connect (the server is gone?), so the "
+                       f"level stopped early",
+               "fd_limit": "the client ran out of file descriptors (`ulimit -n`), so the level stopped early: the "
+                           "load asked for could not be offered"}
+    if ended_by in ("gone", "fd_limit"):
+        reason = f"{stopped[ended_by]} ({len(ok)} succeeded, {len(failed)} failed)"
+    elif not ok and failed:
         reason = f"no request succeeded ({len(failed)} failed)"
         if ended_by in stopped:
             reason += f": {stopped[ended_by]}"

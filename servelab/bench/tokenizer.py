@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -86,10 +86,12 @@ class LlamaCppServerTokenizer:
 
     base_url: str
     name: str = "server:llama.cpp /tokenize"
+    api_key: str | None = field(default=None, repr=False)  # a bearer token, as on every request to the server
 
     async def token_ends(self, texts: Sequence[str]) -> list[list[int]]:
         out: list[list[int]] = []
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60), headers=headers) as session:
             for text in texts:
                 if not text:
                     out.append([])
@@ -128,12 +130,12 @@ async def probe_server_tokenizer(session: aiohttp.ClientSession, base_url: str) 
     return bool(tokens) and isinstance(tokens[0], dict) and "piece" in tokens[0]
 
 
-def tokenizer_from_option(option: str, base_url: str) -> Tokenizer | None:
+def tokenizer_from_option(option: str, base_url: str, api_key: str | None = None) -> Tokenizer | None:
     """`--tokenizer` values other than auto: none, server, calibration, or a path."""
     if option == "none":
         return None
     if option == "server":
-        return LlamaCppServerTokenizer(base_url)
+        return LlamaCppServerTokenizer(base_url, api_key=api_key)
     if option == "calibration":
         return calibration_tokenizer()
     path = Path(option).expanduser()

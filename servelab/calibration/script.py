@@ -66,6 +66,20 @@ class Script(BaseModel):
     crlf: bool = False  # \r\n line endings (llama-cpp-python's sse-starlette does this)
     big_event_bytes: int | None = Field(None, ge=1, description="pad the first token event to at least this size")
     split_utf8: bool = False  # multi-byte token texts, each event's bytes cut inside a UTF-8 sequence
+    # One extra SSE frame written verbatim (e.g. 'data: {"choices":[1]}\n\n', or 'event: error\ndata: {...}\n\n')
+    # just before token event `raw_frame_after_events` (after the last one if that is past the end).
+    raw_frame: str | None = None
+    raw_frame_after_events: int = Field(1, ge=0)
+    # Token event k's write also carries, after it, one event whose data is not valid UTF-8 (a 0xff byte): the
+    # good event and the bad one arrive in the same read.
+    invalid_utf8_after_events: int | None = Field(None, ge=0)
+    # llamacpp_timings: from the second token event on, `timings.predicted_n` reports this number instead of the
+    # running count (a server whose counter jumped to nonsense).
+    bogus_running_count: int | None = Field(None, ge=0)
+    # With http_status (429, 503): a Retry-After header with this value.
+    retry_after: str | None = None
+    # Answer 302 Found with this Location (and no body), as a proxy in front of the engine might.
+    redirect_to: str | None = None
 
     @model_validator(mode="after")
     def _one_terminal_fault(self) -> Script:

@@ -97,10 +97,14 @@ def _writes(script: Script, dialect: Dialect, events: list[PlannedTokenEvent], c
 
     padded = False
     slot = -1  # the last token slot whose writes have begun
+    raw_at = script.raw_frame_after_events if script.raw_frame is not None else None
     for chunk in dialect.chunks(events):
         ev = chunk.event
         if ev is not None and cut is not None and ev.index >= cut:
             break
+        if raw_at is not None and ev is not None and ev.index == raw_at:
+            yield Write(script.raw_frame.encode(), _slot_ns(script, ev.index), "raw")
+            raw_at = None
         if chunk.due_event is not None and chunk.due_event > slot:
             if script.sse_comments:  # a keep-alive in the middle of the gap before this slot
                 mid = script.ttft_ms / 2 * 1e6 if chunk.due_event == 0 else _slot_ns(script, chunk.due_event - 0.5)
@@ -115,7 +119,11 @@ def _writes(script: Script, dialect: Dialect, events: list[PlannedTokenEvent], c
         write = Write(frame(dialect.encode(body)), due, ev.kind if ev else chunk.kind, ev.tokens if ev else 0)
         if ev is not None and script.split_utf8:
             write.lead, write.data = _split_inside_character(write.data)
+        if ev is not None and ev.index == script.invalid_utf8_after_events:
+            write.data += b'data: {"choices":[{"index":0,"delta":{"content":"\xff"}}]}' + sep.encode() * 2
         yield write
+    if raw_at is not None:  # past the last token event
+        yield Write(script.raw_frame.encode(), None, "raw")
     late_garbage = script.invalid_json_after_events
     if ending == "complete" and late_garbage is not None and late_garbage >= len(events):  # after all tokens
         yield Write(frame('{"id": "calibration-truncated'), None, "invalid_json")
@@ -159,7 +167,8 @@ class Truth:
     events: list[tuple[int, int | None, int, str]] = field(default_factory=list)  # t_ns, target_ns, tokens, kind
     control_events: list[tuple[int, str]] = field(default_factory=list)  # t_ns, kind: role/finish/usage/done/...
     completed_ns: int | None = None
-    outcome: str = "in_progress"  # complete, stalled, disconnected, in_band_error, http_error, html, client_gone
+    outcome: str = "in_progress"  # complete, stalled, disconnected, in_band_error, http_error, html, redirect,
+    # client_gone
 
     def record(self, write: Write, t_ns: int) -> None:
         if write.kind in ("answer", "reasoning"):
@@ -266,8 +275,13 @@ class CalibrationServer:
         self._keep(truth)
         headers = {"X-Calibration-Id": cal_id}
 
+        if script.redirect_to is not None:
+            truth.finish("redirect")
+            return web.Response(status=302, headers={**headers, "Location": script.redirect_to})
         if script.http_status is not None:
             truth.finish("http_error")
+            if script.retry_after is not None:
+                headers["Retry-After"] = script.retry_after
             return _error(script.http_status, "calibration: scripted HTTP error", "InternalServerError", headers)
         if script.html:
             truth.finish("html")

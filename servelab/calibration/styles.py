@@ -245,7 +245,10 @@ class LlamaCppDialect(Dialect):
         return self.chat([{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}])
 
     def token_chunk(self, ev: PlannedTokenEvent, finish: str | None) -> dict[str, Any]:
-        extra = {"timings": self.timings(ev.completion_tokens_after)} if self.opts.timings_per_token else {}
+        count = ev.completion_tokens_after
+        if self.script.bogus_running_count is not None and ev.index >= 1:
+            count = self.script.bogus_running_count
+        extra = {"timings": self.timings(count)} if self.opts.timings_per_token else {}
         if self.opts.endpoint == "chat":
             return self.chat([{"finish_reason": None, "index": 0, "delta": self.delta(ev)}], **extra)
         return self.completion(ev.text, None, id=self.id, **extra)

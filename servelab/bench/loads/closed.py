@@ -71,7 +71,9 @@ async def run_concurrency(client: StreamClient, workload, target: Target, record
                 await control.pause(backoff.after(record))
 
     watcher = asyncio.create_task(control.watch())
-    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    # No more workers than requests the budget allows: `--concurrency 1000000000 --requests 4` starts four.
+    workers = concurrency if max_requests is None else min(concurrency, max_requests)
+    tasks = [asyncio.create_task(worker()) for _ in range(workers)]
     try:
         await control.drain(tasks, client, recorder, measured)
     except asyncio.CancelledError:

@@ -44,6 +44,9 @@ class Recorder:
 
         Takes them off the client's list, so calling this again (the runner does, after the event loop has
         finished every task) never records one twice."""
+        abandoned = getattr(client, "abandoned", None)
+        if abandoned is not None:
+            abandoned()  # sends whose coroutine ended without recording themselves join `cancelled`
         pending = getattr(client, "cancelled", None)
         if not pending:
             return []

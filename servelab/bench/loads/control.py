@@ -13,11 +13,16 @@ measurement window ends (`window_end_ns`):
   error_detail saying the cap ended them.
 - failures: the first `give_up_after` requests all failed: the level ends early, whatever its duration.
 - failing: most requests had failed when the duration ran out: the level is not extended.
+- gone: `give_up_after` requests in a row could not connect (connection refused: the server died mid-level):
+  the level ends at once, and the bench with it (bench/runner.py).
+- fd_limit: a request could not open a socket because the client ran out of file descriptors (EMFILE): the
+  load asked for cannot be offered, so the level ends at once, and the bench with it.
 Without a rule (a load mode used directly, as the tests do) a level ends at its duration or its budget, as
 before, and nothing is ever cancelled.
 
 Closed-loop workers back off after a failure (`Backoff`), so a server that refuses everything at once is not
-hammered.
+hammered; after an HTTP 429 or 503 with Retry-After they wait at least that long (at most 600 s, and never past
+the level's end).
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class LevelControl:
         self.done: list[tuple[int, float]] = []  # successful requests: (end ns, E2E s), in end order
         self.ok = 0
         self.failed = 0
+        self.connect_failures_in_a_row = 0  # since the last request that connected
+        self.fd_limit = 0  # requests that could not open a socket (EMFILE)
         self.cancelled_at_cap = 0
         self.ended_by: str | None = None
         self.window_end_ns: int | None = None
@@ -83,6 +90,12 @@ class LevelControl:
                 bisect.insort(self.done, (record.t_end_ns, e2e))
         elif record.error_kind != "cancelled":
             self.failed += 1
+        if record.error_kind == "connect":
+            self.connect_failures_in_a_row += 1
+        elif record.error_kind == "fd_limit":
+            self.fd_limit += 1
+        elif record.error_kind != "cancelled":
+            self.connect_failures_in_a_row = 0
         self.evaluate(time.perf_counter_ns())
 
     def window(self) -> tuple[int, int]:
@@ -94,7 +107,11 @@ class LevelControl:
         if self.ended:
             return
         rule = self.rule
-        if rule is not None and self.ok == 0 and self.failed >= rule.give_up_after:
+        if rule is not None and self.fd_limit:
+            self._end("fd_limit", self._last_send_or(now_ns))
+        elif rule is not None and self.connect_failures_in_a_row >= rule.give_up_after:
+            self._end("gone", self._last_send_or(now_ns))
+        elif rule is not None and self.ok == 0 and self.failed >= rule.give_up_after:
             self._end("failures", self._last_send_or(now_ns))
         elif self.max_requests is not None and self.sent >= self.max_requests:
             self._end("budget", self.last_send_ns or now_ns)
@@ -197,7 +214,7 @@ class LevelControl:
 
 class Backoff:
     """A closed-loop worker's wait after a failed request: `backoff_start_s`, doubling up to `backoff_max_s`,
-    back to none after a success."""
+    back to none after a success; at least the answer's Retry-After (HTTP 429 or 503) when it had one."""
 
     def __init__(self, rule: SteadyRule):
         self.rule = rule
@@ -209,4 +226,6 @@ class Backoff:
             return 0.0
         delay = self.next_s
         self.next_s = min(self.next_s * 2, self.rule.backoff_max_s)
+        if record.retry_after_s is not None:
+            delay = max(delay, record.retry_after_s)
         return delay
