@@ -238,6 +238,15 @@ def bench_cmd(
     max_error_rate: Annotated[Optional[float], typer.Option(
         help="Exit 1 when a level's share of failed requests is above this fraction (default: only when every "
              "request of a level failed).")] = None,
+    timeout_connect: Annotated[Optional[float], typer.Option(
+        help="Per-request deadline, seconds: connecting (default 10).")] = None,
+    timeout_first_byte: Annotated[Optional[float], typer.Option(
+        help="Per-request deadline, seconds: from sending to the first token (default 120).")] = None,
+    timeout_idle: Annotated[Optional[float], typer.Option(
+        help="Per-request deadline, seconds: after the first token, the longest time without an SSE data event; "
+             "`: ping` comments do not reset it (default 60).")] = None,
+    timeout_total: Annotated[Optional[float], typer.Option(
+        help="Per-request deadline, seconds: the whole request (default 900).")] = None,
     api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -263,7 +272,8 @@ def bench_cmd(
         prefix_tokens=prefix_tokens, prefix_group_size=prefix_group_size, ignore_eos=ignore_eos,
         min_tokens=min_tokens, slo=slo, search=search, max_rate=max_rate, max_probes=max_probes, seed=seed,
         api_key=api_key, tokenizer=tokenizer, min_requests=min_requests, max_level_duration=max_level_duration,
-        max_error_rate=max_error_rate))
+        max_error_rate=max_error_rate, timeout_connect=timeout_connect, timeout_first_byte=timeout_first_byte,
+        timeout_idle=timeout_idle, timeout_total=timeout_total))
     ui = _out_console(as_json)
     if out is not None:  # a damaged store stops the run before it measures anything (issue 11 item 12)
         stored_in = store or default_store_path(out)
@@ -271,6 +281,8 @@ def bench_cmd(
             with Store.open(stored_in) as db:
                 db.check()
     rundir = RunDir.create(out, "bench", mode) if out else None
+    if rundir is not None:
+        rundir.open_records()
     records = []
     progress = LevelProgress()
     with ui.status("benchmarking…") as status, progress.printing(ui, every_s=None if ui.is_terminal else 10.0):
@@ -280,7 +292,12 @@ def bench_cmd(
             if rundir:
                 rundir.append_record(record)
 
-        result = bench(url, options, on_record=on_record)
+        try:
+            result = bench(url, options, on_record=on_record)
+        except BaseException:
+            if rundir is not None:
+                rundir.discard_if_empty()  # a set-up error leaves no empty run directory behind
+            raise
     broken = error_gate(result.levels, options.max_error_rate)
     stored_in = None
     not_written: list[str] = []  # a full or read-only disk, a failing store: said after the results, exit 2

@@ -90,6 +90,30 @@ class RunDir:
                                 hint="free some space, or point --out somewhere writable") from None
         raise RuntimeError(f"could not create a run directory under {root}")
 
+    def open_records(self) -> None:
+        """Open records.jsonl for appending now rather than at the first record: a load that later uses every
+        file descriptor the process may have (bench/limits.py) can still write what it measured."""
+        if self._records is None:
+            try:
+                self._records = open(self.records_path, "a", encoding="utf-8")
+            except OSError:
+                pass  # the first append tries again, and says why if it fails
+
+    def discard_if_empty(self) -> bool:
+        """Remove the directory when nothing was written to it (a run that failed before its first record,
+        an empty records.jsonl aside); True if it was removed."""
+        self.close()
+        try:
+            if self.records_path.stat().st_size == 0:
+                self.records_path.unlink()
+        except OSError:
+            pass
+        try:
+            self.path.rmdir()  # only succeeds on an empty directory
+        except OSError:
+            return False
+        return True
+
     @property
     def run_id(self) -> str:
         return self.path.name
