@@ -20,7 +20,7 @@ from servelab.report.html import render_report, write_report
 from synthetic_runs import synthetic_run
 
 EVIL = "<script>alert(1)</script>"
-CHART_IDS = ["throughput", "latency", "ttft", "itl", "startup"]
+CHART_IDS = ["throughput", "latency-ttft", "latency-itl", "ttft", "itl", "startup"]
 
 
 def runs():
@@ -73,6 +73,14 @@ def test_the_report_renders_its_charts_in_chromium(tmp_path: Path) -> None:
         part = html[start:end]
         assert 'class="main-svg"' in part, f"chart {chart} has no SVG"
         assert re.search(r'class="trace[ "]', part) and re.search(r' d="M[0-9]', part), f"chart {chart} is empty"
+    # readable axes: the TTFT box plot's log axis is ticked with plain numbers (never "2, 5, 1000, 2, 5"), the
+    # ITL histogram's note counts its tail, and each latency chart has one y axis
+    ttft = html[html.index('id="chart-ttft"'):html.index('id="chart-itl"')]
+    ticks = re.findall(r'class="ytick"><text[^>]*>([^<]*)</text>', ttft)
+    assert len(ticks) >= 3 and all(re.fullmatch(r"[\d,.]+", t) for t in ticks), ticks
+    assert 'id="note-itl"' in html and "shared by every run" in html
+    latency = html[html.index('id="chart-latency-ttft"'):html.index('id="chart-latency-itl"')]
+    assert "y2" not in re.findall(r'class="(y\d?)tick"', latency)
     # the model's output is text in the page, and no script element carries it
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert EVIL not in html

@@ -165,11 +165,14 @@ def _contention_reason(run: RunData, trial: int) -> str:
 
 
 def _unique_names(runs: list[RunData]) -> None:
-    """Two runs of the same cell (two experiments) would share a label: add their refs."""
+    """Two runs of the same cell (two experiments) would share a label: add their experiment (the shortest part
+    of the ref that tells them apart), or the whole ref where that is shared too."""
     names = [r.name for r in runs]
-    for run in runs:
+    origins = [r.experiment_id or r.ref.split("/")[0] for r in runs]
+    for run, origin in zip(runs, origins):
         if names.count(run.name) > 1:
-            run.name = f"{run.name} ({run.ref})"
+            same = sum(1 for n, o in zip(names, origins) if n == run.name and o == origin)
+            run.name = f"{run.name} ({origin if same == 1 and origin != run.name else run.ref})"
 
 
 def _figure_cell(run: RunData, metric: KeyMetric, sampler) -> FigureCell:

@@ -35,6 +35,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .noise, .dim { color: #777; } .serious, .fail { color: #cf222e; font-weight: bold; } .warn { color: #9a6700; }
 .pass { color: #1a7f37; } .banner { background: #cf222e; color: white; padding: 6px 10px; font-weight: bold; }
 .chart { width: 100%; min-height: 200px; margin-bottom: 24px; }
+.chart-note { margin: -16px 0 24px 70px; font-size: 0.9em; }
 pre { white-space: pre-wrap; word-break: break-word; background: #f6f8fa; padding: 8px; max-height: 240px;
       overflow: auto; }
 """
@@ -72,7 +73,10 @@ def render_report(runs: list[RunData], comparison: Comparison | None, title: str
         parts.append(comparison_section(comparison))
     if charts:
         parts.append("<h2>Charts</h2>")
-        parts += [f"<div class=\"chart\" id=\"chart-{e(c['id'])}\"></div>" for c in charts]
+        for c in charts:
+            parts.append(f"<div class=\"chart\" id=\"chart-{e(c['id'])}\"></div>")
+            if c.get("note"):
+                parts.append(f"<p class=\"dim chart-note\" id=\"note-{e(c['id'])}\">{e(c['note'])}</p>")
     for run in runs:
         parts.append(run_section(run, sample_answers(run)))
     parts.append(f"<script>const CHARTS = {script_json(charts)};\n"

@@ -7,7 +7,8 @@ from typing import Any
 
 from servelab.compare.compare import Comparison, fmt_ratio
 from servelab.compare.sources import RunData
-from servelab.report.terminal import fmt, sent_cell
+from servelab.report.tables import human_bytes
+from servelab.report.terminal import COUNTED_BY_WORDS, figure_label, fmt, sent_cell
 
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise", "no interval": "warn",
                   "inconsistent": "warn", "contended": "warn", "different levels": "warn", "missing": "dim",
@@ -73,9 +74,14 @@ def run_section(run: RunData, answers: list[str]) -> str:
     if run.serious:
         parts.append("<p class=\"banner\">NOT REPRESENTATIVE: a serious configuration finding applies to these "
                      "numbers</p>")
-    head = [[e(k), e(fmt(run.headline[k].value, 2)), e(run.headline[k].unit),
-             e(", ".join(x for x in (run.headline[k].counted_by, run.headline[k].note) if x))]
-            for k in HEADLINE_KEYS if k in run.headline]
+    head = []
+    for k in HEADLINE_KEYS:
+        fig = run.headline.get(k)
+        if fig is None:
+            continue
+        counted = COUNTED_BY_WORDS.get(fig.counted_by or "", fig.counted_by)
+        head.append([f"<span title=\"{e(k)}\">{e(figure_label(k))}</span>", e(fmt(fig.value, 2)), e(fig.unit),
+                     e(", ".join(x for x in (counted, fig.note) if x))])
     if head:
         parts.append(_table(["figure", "value", "unit", "counted by / note"], head, numeric={1}))
     levels = []
@@ -116,9 +122,10 @@ def run_section(run: RunData, answers: list[str]) -> str:
     if run.provenance is not None:
         p = run.provenance
         host = p.host
+        size = human_bytes(p.model_size_bytes) if p.model_size_bytes else None
         rows = [["engine", e(p.engine_version or p.engine)], ["command", e(" ".join(p.command or []))],
-                ["model", e(p.model_path or p.model)], ["model size", e(p.model_size_bytes)],
-                ["started at", e(p.started_at)], ["servelab", e(f"{p.servelab_version} {p.servelab_git_revision or ''}")]]
+                ["model", e(p.model_path or p.model)], ["model size", e(size)], ["started at", e(p.started_at)],
+                ["servelab", e(f"{p.servelab_version} {p.servelab_git_revision or ''}")]]
         if host is not None:
             rows.append(["host", e(f"{host.cpu_model} ({host.cpu_cores_logical} CPUs), "
                                    f"{(host.ram_bytes or 0) / 2**30:.0f} GiB RAM, {len(host.gpus)} GPU(s)")])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from servelab.bench.failures import error_line
@@ -147,14 +146,41 @@ def environment_line(s: Summary) -> str | None:
     return f"{s.tag} environment: " + ", ".join(parts)
 
 
-_HEADLINE_LABELS = {
+# Headline keys as a person reads them (the keys stay in JSON, CSV and --baseline; docs/metrics.md).
+FIGURE_LABELS = {
     "single.decode_tok_s": "single-stream decode tok/s (p50)",
     "single.output_tok_s": "single-stream output tok/s",
     "single.ttft_ms": "single-stream TTFT ms (p50)",
     "single.itl_ms": "single-stream ITL ms (p50)",
+    "single.tpot_ms": "single-stream TPOT ms",
+    "single.e2e_ms": "single-stream end-to-end latency ms",
+    "single.ttfo_ms": "single-stream time to first answer token ms",
+    "single.answer_tok_s": "single-stream answer tok/s",
+    "single.reasoning_tokens": "single-stream reasoning tokens per request",
+    "single.answer_tokens": "single-stream answer tokens per request",
+    "single.reasoning_share": "single-stream reasoning share of output tokens",
     "peak.output_tok_s": "peak output tok/s",
+    "peak.concurrency": "concurrency at peak",
+    "peak.rate": "request rate at peak",
     "peak.request_s": "requests/s at peak",
+    "peak.answer_tok_s": "answer tok/s at peak",
+    "slo.goodput_req_s": "goodput req/s (SLO search)",
 }
+# How tokens were counted, in words (records.CountMethod).
+COUNTED_BY_WORDS = {"server_per_chunk": "the server's count on every chunk",
+                    "client_tokenizer": "the client's tokenizer", "chunk_count": "one per chunk (approximate)",
+                    "mixed": "mixed methods"}
+_HEADLINE_LABELS = {k: FIGURE_LABELS[k] for k in ("single.decode_tok_s", "single.output_tok_s", "single.ttft_ms",
+                                                  "single.itl_ms", "peak.output_tok_s", "peak.request_s")}
+
+
+def figure_label(key: str) -> str:
+    """A headline key in words: "single.decode_tok_s" -> "single-stream decode tok/s (p50)"."""
+    if key in FIGURE_LABELS:
+        return FIGURE_LABELS[key]
+    scope, _, name = key.partition(".")
+    words = name.replace("_tok_s", " tok/s").replace("_req_s", " req/s").replace("_ms", " ms").replace("_", " ")
+    return {"single": "single-stream ", "peak": "peak ", "slo": ""}.get(scope, f"{scope} ") + words
 
 
 def render_headline(console: Console, headline: dict[str, Figure], title: str = "summary",
@@ -213,17 +239,16 @@ def render_reasoning(console: Console, levels: list[Summary]) -> None:
 
     if not saw_reasoning(levels):
         return
-    table = Table(title="reasoning and answer tokens", title_justify="left")
-    for col in ("level", "reasoning tok/req", "answer tok/req", "reasoning %", "answer tok/s", "output tok/s",
-                "TTFO ms p50"):
-        table.add_column(col, justify="right")
+    rows = []
     for s in levels:
         f = s.figures
         share = f["reasoning_share"].value if "reasoning_share" in f else None
-        table.add_row(s.tag, fmt(_value(f, "reasoning_tokens")), fmt(_value(f, "answer_tokens")),
-                      "–" if share is None else f"{share * 100:.0f} %", fmt(_value(f, "answer_tok_s")),
-                      fmt(_value(f, "output_tok_s")), fmt(_value(f, "ttfo_ms"), 0))
-    console.print(table)
+        rows.append([s.tag, fmt(_value(f, "reasoning_tokens")), fmt(_value(f, "answer_tokens")),
+                     "–" if share is None else f"{share * 100:.0f} %", fmt(_value(f, "answer_tok_s")),
+                     fmt(_value(f, "output_tok_s")), fmt(_value(f, "ttfo_ms"), 0)])
+    print_table(console, "reasoning and answer tokens",
+                [key_col("level"), Col("reasoning\ntok/req"), Col("answer\ntok/req"), Col("reasoning\n%"),
+                 Col("answer\ntok/s"), Col("output\ntok/s"), Col("TTFO\nms p50")], rows)
 
 
 def _value(figures: dict[str, Figure], key: str) -> float | None:
