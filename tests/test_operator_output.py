@@ -158,3 +158,15 @@ def test_spec_decoding_acceptance_is_printed_in_the_terminal() -> None:
     assert ("single speculative decoding: acceptance 72.0 %, 720 of 1,000 drafted tokens accepted, 3.88 tokens "
             "per verification step") in text
     assert level_line(level).endswith(", spec-decode acceptance 72 %")
+
+
+def test_the_transformers_example_points_where_the_setup_script_puts_the_model() -> None:
+    from servelab.experiment.load import load_experiment
+
+    root = Path(__file__).resolve().parent.parent
+    experiment = load_experiment(root / "examples" / "llamacpp-vs-transformers.yaml")
+    cell = next(c for c in experiment.cells if c.engine == "transformers-serve")
+    script = (root / "scripts" / "setup-slow-engines.sh").read_text()
+    assert 'VENV="${SERVELAB_TF_VENV:-.venv-tf}"' in script and 'MODEL_DIR="$VENV/models/smollm2-hf"' in script
+    assert cell.model == ".venv-tf/models/smollm2-hf" and cell.executable == ".venv-tf/bin/python"
+    assert "scripts/setup-slow-engines.sh" in (root / "docs" / "compare.md").read_text()
