@@ -212,7 +212,10 @@ async def post_stream(session: aiohttp.ClientSession, base_url: str, path: str, 
         # The parser raises on an event that is not UTF-8 and drops what that read completed. The check fails on the
         # invalid bytes anyway (it inspects `raw`); parse a repaired copy so the rest of the stream is judged too.
         repaired = SSEParser()
-        reply.events = repaired.feed(reply.raw.decode("utf-8", errors="replace").encode()) + repaired.close()
+        try:
+            reply.events = repaired.feed(reply.raw.decode("utf-8", errors="replace").encode()) + repaired.close()
+        except SSEDecodeError as exc:  # an event past the parser's size bound: judge what came before it
+            reply.events = exc.events
     # Events completed only by the end of the body (or re-parsed above) count as arriving at the end.
     del reply.event_times[len(reply.events):]
     reply.event_times.extend([reply.ended_at] * (len(reply.events) - len(reply.event_times)))
