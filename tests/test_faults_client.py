@@ -732,3 +732,29 @@ def test_a_set_up_error_leaves_no_empty_run_directory(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "connection refused" in proc.stderr
     assert run_dirs(tmp_path / "runs") == []  # the run directory made for it is gone again
+
+
+def test_the_streams_a_load_needs_are_bounded_by_its_budget() -> None:
+    from servelab.bench.limits import streams_needed
+
+    assert streams_needed(build_options(BenchArgs(mode="concurrency", concurrency=10**9, requests=4))) == \
+        (4, "--concurrency 1,000,000,000")
+    assert streams_needed(build_options(BenchArgs(mode="rate", rate="2", requests=8, max_concurrency=10**9))) == \
+        (8, "--max-concurrency 1,000,000,000")
+    assert streams_needed(build_options(BenchArgs(mode="rate", rate="2"))) is None  # caught as it runs
+    assert streams_needed(build_options(BenchArgs(mode="sweep"))) is None  # checked level by level
+
+
+def test_a_sweep_stops_before_a_level_the_descriptor_limit_cannot_hold(cal, monkeypatch) -> None:
+    import servelab.bench.runner as runner_module
+    from servelab.bench.limits import DescriptorShortage
+
+    def limit_of_two(streams: int, what: str):
+        if streams > 2:
+            raise DescriptorShortage(f"{what} needs {streams:,} sockets at once", hint="raise `ulimit -n`")
+    monkeypatch.setattr(runner_module, "check_descriptors", limit_of_two)
+    opts = options(mode="sweep", duration=1, max_concurrency=8, min_requests=2)
+    opts.sweep_levels = None
+    result = bench(cal.url, opts)
+    assert [lv.tag for lv in result.levels] == ["c1", "c2"]  # measured levels kept
+    assert result.stop_reason == "stopped: concurrency 4 needs 4 sockets at once (raise `ulimit -n`)"

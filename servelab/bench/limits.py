@@ -71,5 +71,6 @@ def streams_needed(options) -> tuple[int, str] | None:
         streams = plan.concurrency if plan.requests is None else min(plan.concurrency, plan.requests)
         return streams, f"--concurrency {plan.concurrency:,}"
     if options.mode in ("rate", "rate-sweep", "slo-search") and plan.max_concurrency:
-        return plan.max_concurrency, f"--max-concurrency {plan.max_concurrency:,}"
+        streams = plan.max_concurrency if plan.requests is None else min(plan.max_concurrency, plan.requests)
+        return streams, f"--max-concurrency {plan.max_concurrency:,}"
     return None
