@@ -11,7 +11,6 @@ more than MAX_SCHEDULED requests, so `--duration inf`, `--max-tokens 18446744073
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
