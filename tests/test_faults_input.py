@@ -5,6 +5,7 @@ issue; servers are local fakes (the calibration server, tests/openai_fake.py), f
 from __future__ import annotations
 
 import io
+import time
 import json
 import subprocess
 import sys
@@ -223,3 +224,121 @@ def test_hostile_names_in_the_run_list_comparison_and_errors_are_printed_inert()
     assert exit_info.value.code == 2
     assert_inert(err.getvalue())
     assert "[bold]B[/bold]" in err.getvalue()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Hostile experiment files (item 17) and datasets (item 18): one line naming the file (and line), exit 2, fast
+# --------------------------------------------------------------------------------------------------------------
+
+def bounded_memory() -> None:
+    """preexec_fn: a hostile input that a regression lets grow memory fails this process, not the machine."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+def billion_laughs() -> str:
+    """Nine aliases of nine: 9^9 (~387 million) values from a file of a dozen lines."""
+    lines = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    return "\n".join(lines + ["name: laughs", "cells: *i", ""])
+
+
+HOSTILE_EXPERIMENTS = {
+    "billion laughs": (billion_laughs().encode(), "expand to more than"),
+    "recursive alias": (b"name: &a [*a]\ncells: []\n", "contains itself"),
+    "deep nesting": (b"name: x\ncells: " + b"[" * 20000 + b"]" * 20000 + b"\n", "nested too deeply"),
+    "binary": (bytes(range(256)) * 8, "not UTF-8"),
+    "NUL in text": (b"name: x\ncells: []\x00\n", "not valid YAML"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_EXPERIMENTS)
+def test_a_hostile_experiment_file_is_one_line_and_exit_2(tmp_path: Path, name: str):
+    """Item 17: a billion-laughs file, `name: &a [*a]`, 20,000-deep nesting, a binary file and a NUL byte: each is
+    one line naming the file (and line), exit 2, within seconds and without growing memory."""
+    content, words = HOSTILE_EXPERIMENTS[name]
+    path = tmp_path / "exp.yaml"
+    path.write_bytes(content)
+    started = time.monotonic()
+    done = subprocess.run([*SERVELAB, "run", str(path), "--out", str(tmp_path / "runs")], capture_output=True,
+                          text=True, timeout=120, preexec_fn=bounded_memory)
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip()
+    assert "\n" not in line and line.startswith(f"error: {path}") and words in line, line
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_an_endless_experiment_file_is_refused_by_size(tmp_path: Path):
+    """Item 17: /dev/zero as an experiment file: read no further than the size bound."""
+    from servelab.errors import UserError
+    from servelab.experiment.load import load_experiment
+
+    with pytest.raises(UserError) as info:
+        load_experiment(Path("/dev/zero"))
+    assert info.value.message.startswith("/dev/zero: larger than")
+
+
+def jsonl_with(tmp_path: Path, line: bytes, name: str = "d.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_bytes(b'{"prompt": "hello"}\n{"prompt": "again"}\n' + line + b"\n")
+    return path
+
+
+HOSTILE_DATASETS = {
+    "deep nesting": (b'{"prompt": "x", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", ":3: JSON nested too"),
+    "lone surrogate": (b'{"prompt": "bad \\ud800 text"}', ":3: prompt holds a lone surrogate (\\ud800"),
+    "absurd max_tokens": (b'{"prompt": "x", "max_tokens": 100000000000000000000000}', ":3: max_tokens 100"),
+    "NUL bytes": (b"\x00" * 64, ":3: binary data (a NUL byte at byte 40)"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_DATASETS)
+def test_a_hostile_dataset_is_one_line_naming_file_and_line(tmp_path: Path, calibration, name: str):
+    """Item 18: a JSONL line nested 100,000 deep, a lone surrogate, max_tokens 10^23 and binary data: one line
+    naming the file and its line, exit 2, nothing sent."""
+    line, words = HOSTILE_DATASETS[name]
+    path = jsonl_with(tmp_path, line)
+    done = subprocess.run([*SERVELAB, "bench", calibration.url, "--dataset", str(path), "--requests", "2"],
+                          capture_output=True, text=True, timeout=120, preexec_fn=bounded_memory)
+    assert done.returncode == 2, done.stderr
+    message = done.stderr.strip()
+    assert "\n" not in message and f"{path}{words}" in message, message
+
+
+def test_dev_zero_as_a_dataset_is_refused_at_once(calibration):
+    """Item 18: `--dataset /dev/zero` (it was read until the OOM killer struck at 24 GB) stops at the first
+    block: a NUL byte is binary data."""
+    started = time.monotonic()
+    done = subprocess.run([*SERVELAB, "bench", calibration.url, "--dataset", "/dev/zero", "--dataset-format",
+                           "jsonl"], capture_output=True, text=True, timeout=120, preexec_fn=bounded_memory)
+    assert done.returncode == 2 and "/dev/zero:1: binary data" in done.stderr, done.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_a_dataset_larger_than_the_bound_is_refused(tmp_path: Path, monkeypatch):
+    """Item 18: reading stops once the bound is passed (a small bound here, the real one is 2 GiB), and a
+    ShareGPT file nested too deeply or holding a surrogate is named too."""
+    from servelab.bench.workloads import dataset
+    from servelab.bench.workloads.sharegpt import load_sharegpt
+    from servelab.errors import UserError
+
+    big = tmp_path / "big.jsonl"
+    big.write_text('{"prompt": "hello"}\n' * 10_000)
+    monkeypatch.setattr(dataset, "MAX_DATASET_BYTES", 64 * 1024)
+    with pytest.raises(UserError) as info:
+        dataset.read_text(big)
+    assert info.value.message == f"{big}: more than 65,536 bytes: larger than servelab reads as a dataset"
+    monkeypatch.undo()
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(UserError, match="nested too deeply"):
+        load_sharegpt(deep)
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps([{"conversations": [{"from": "human", "value": "ok"},
+                                                  {"from": "gpt", "value": "bad \ud800"}]}]))
+    with pytest.raises(UserError) as info:
+        load_sharegpt(odd)
+    assert f"{odd}: item 0" in info.value.message and "lone surrogate" in info.value.message

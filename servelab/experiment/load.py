@@ -3,6 +3,12 @@
 YAML is composed into nodes first (each node keeps its line), the data is constructed from those nodes, and a
 pydantic error's location (('cells', 1, 'parallel')) is looked up in a map from data paths to lines. A missing
 field has no line of its own: the error points at the mapping that lacks it.
+
+A file that is no experiment is one line too, never a crash or a hang (issue 11 item 17): at most
+MAX_EXPERIMENT_BYTES are read, binary content is named with its line, nesting deeper than the composer can
+follow is refused, and the node graph is checked before anything is built from it: an alias that contains itself
+(`name: &a [*a]`) and aliases that expand to more than MAX_NODES values (a "billion laughs" file: nine aliases of
+nine give 10^9) are refused with the line of the offending alias.
 """
 
 from __future__ import annotations
@@ -17,13 +23,23 @@ from servelab.errors import UserError
 from servelab.experiment.model import Experiment
 
 PathKey = tuple[Any, ...]
+MAX_EXPERIMENT_BYTES = 1 << 20  # an experiment file is a page or two of YAML
+MAX_NODES = 100_000  # values in the file with every alias expanded
 
 
 def load_experiment(path: Path) -> Experiment:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_EXPERIMENT_BYTES + 1)
     except OSError as exc:
         raise UserError(f"cannot read the experiment file {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_EXPERIMENT_BYTES:
+        raise UserError(f"{path}: larger than {MAX_EXPERIMENT_BYTES // 2**20} MiB: not an experiment file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise UserError(f"{path}:{line}: not UTF-8 text (byte {exc.start}): not an experiment file") from None
     return parse_experiment(text, str(path))
 
 
@@ -71,23 +87,73 @@ def _message(error: dict[str, Any]) -> str:
 
 
 def _compose(text: str, where: str) -> tuple[Any, dict[PathKey, int]]:
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # reads the text through at once: a control character fails here
         node = loader.get_single_node()
         if node is None:
             raise UserError(f"{where}:1: the experiment file is empty")
+        check_nodes(node, where)
         data = loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
         raise UserError(f"{where}:{line}: not valid YAML: {exc.problem or exc}") from None
+    except yaml.reader.ReaderError as exc:  # a control character: binary content, or a NUL in the text
+        line = text.count("\n", 0, exc.position) + 1
+        raise UserError(f"{where}:{line}: not valid YAML: {exc.reason} (U+{exc.character:04X}): not an "
+                        f"experiment file") from None
     except yaml.YAMLError as exc:
-        raise UserError(f"{where}: not valid YAML: {exc}") from None
+        raise UserError(f"{where}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise UserError(f"{where}: nested too deeply to read (an experiment file is a few levels deep)") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     lines: dict[PathKey, int] = {}
     _walk(node, (), lines)
     return data, lines
+
+
+def check_nodes(root: yaml.Node, where: str) -> None:
+    """Refuse a node graph that cannot be an experiment before anything is built from it: an alias that contains
+    itself, or aliases that expand to more than MAX_NODES values. Linear in the nodes of the file (each is sized
+    once), whatever their aliases expand to."""
+    size: dict[int, int] = {}  # node id -> values it expands to (capped just past MAX_NODES)
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            on_path.discard(key)
+            total = 1 + sum(size[id(child)] for child in _children(node))
+            size[key] = min(total, MAX_NODES + 1)
+            if total > MAX_NODES:
+                raise UserError(f"{where}:{node.start_mark.line + 1}: aliases here expand to more than "
+                                f"{MAX_NODES:,} values (a 'billion laughs' file?): not an experiment")
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise UserError(f"{where}:{node.start_mark.line + 1}: an alias that contains itself "
+                            f"(like `name: &a [*a]`): an experiment cannot be recursive")
+        on_path.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in on_path:
+                raise UserError(f"{where}:{child.start_mark.line + 1}: an alias that contains itself "
+                                f"(like `name: &a [*a]`): an experiment cannot be recursive")
+            if id(child) not in size:
+                stack.append((child, False))
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def _walk(node: yaml.Node, path: PathKey, lines: dict[PathKey, int]) -> None:

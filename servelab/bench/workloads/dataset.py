@@ -5,6 +5,11 @@ file repeats prompts (and a prefix cache will notice: `describe()` says how many
 With the server's tokenizer, `prepare` counts each item's prompt after the chat template (recorded as
 `input_tokens`, checked against `usage.prompt_tokens` after the run) and, when output lengths come from the
 dataset, the reference answer's tokens.
+
+What is read is bounded, and a file that is not a dataset is one clear error naming the file and the line
+(issue 11 item 18): at most MAX_DATASET_BYTES are read (a NUL byte, as in `/dev/zero` or any binary file, stops
+the read at once: JSON never holds one), nesting too deep for the parser, a lone surrogate (`"\\ud800"`, which
+no server can be sent) and a max_tokens above MAX_TOKENS are refused.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +29,9 @@ from servelab.errors import UserError
 
 COUNT_CONCURRENCY = 8  # tokenize requests in flight while preparing
 COUNT_LIMIT = 4096  # items counted when the plan does not say how many requests it needs
+MAX_DATASET_BYTES = 2 * 1024**3  # a full ShareGPT dump is ~0.6 GB; beyond this a file is not a prompt set
+READ_BLOCK = 1 << 20
+MAX_TOKENS = 2**31 - 1  # an item's max_tokens: what every engine's int32 field holds (as bench/options.py)
 
 
 @dataclass
@@ -133,9 +142,26 @@ def file_sha256(path: Path) -> str | None:
         return None
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, limit: int | None = None) -> str:
+    """The file as text, read in blocks: at most `limit` (MAX_DATASET_BYTES) bytes, and not past a NUL byte."""
+    limit = MAX_DATASET_BYTES if limit is None else limit
+    raw = bytearray()
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as fh:
+            while True:
+                block = fh.read(READ_BLOCK)
+                if not block:
+                    break
+                nul = block.find(b"\0")
+                if nul >= 0:
+                    at = len(raw) + nul
+                    line = raw.count(b"\n") + block.count(b"\n", 0, nul) + 1
+                    raise UserError(f"{path}:{line}: binary data (a NUL byte at byte {at}): not a JSON or JSONL "
+                                    f"dataset")
+                raw += block
+                if len(raw) > limit:
+                    raise UserError(f"{path}: more than {_size(limit)}: larger than servelab reads as a dataset",
+                                    hint="use a part of it (head -n N for JSONL)")
     except FileNotFoundError:
         raise UserError(f"dataset file not found: {path}") from None
     except IsADirectoryError:
@@ -147,3 +173,37 @@ def read_text(path: Path) -> str:
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise UserError(f"{path}:{line}: not UTF-8 text (byte {exc.start} of the file)") from None
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:g} GiB" if n >= 2**30 else f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n:,} bytes"
+
+
+def parse_json(text: str, where: str):
+    """json.loads, with nesting too deep for the parser as a UserError naming `where`."""
+    import json
+
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise UserError(f"{where}: JSON nested too deeply to read (more than ~{sys.getrecursionlimit()} "
+                        f"levels)") from None
+
+
+def check_unicode(value: object, where: str) -> None:
+    """Every string in `value` (a prompt, messages, an answer) is valid Unicode: a lone surrogate from a `\\ud800`
+    escape parses as JSON but can never be sent (UTF-8 has no encoding for it)."""
+    stack = [(value, "")]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                char = item[exc.start]
+                raise UserError(f"{where}: {at or 'a string'} holds a lone surrogate (\\u{ord(char):04x} at "
+                                f"character {exc.start}): not valid Unicode, and no server can be sent it") from None
+        elif isinstance(item, dict):
+            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(item))

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from servelab.bench.workloads.dataset import DatasetItem, read_text
+from servelab.bench.workloads.dataset import MAX_TOKENS, DatasetItem, check_unicode, parse_json, read_text
 from servelab.errors import UserError
 
 KNOWN_KEYS = {"prompt", "messages", "max_tokens"}
@@ -21,12 +21,13 @@ KNOWN_KEYS = {"prompt", "messages", "max_tokens"}
 
 def load_jsonl(path: Path) -> list[DatasetItem]:
     items: list[DatasetItem] = []
-    for lineno, line in enumerate(read_text(path).splitlines(), start=1):
+    # Lines end at \n only: U+2028 and friends are legal inside a JSON string, and count as no line break.
+    for lineno, line in enumerate(read_text(path).split("\n"), start=1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
         try:
-            obj = json.loads(line)
+            obj = parse_json(line, where)
         except ValueError as exc:
             raise UserError(f"{where}: invalid JSON: {exc}") from None
         items.append(parse_line(obj, where))
@@ -46,6 +47,11 @@ def parse_line(obj: Any, where: str) -> DatasetItem:
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
                                    or max_tokens < 1):
         raise UserError(f"{where}: max_tokens must be a positive integer, got {max_tokens!r}")
+    if max_tokens is not None and max_tokens > MAX_TOKENS:
+        digits = str(max_tokens)
+        shown = digits if len(digits) <= 15 else f"{digits[:3]}… ({len(digits)} digits)"
+        raise UserError(f"{where}: max_tokens {shown} is more than any server generates (at most {MAX_TOKENS:,})")
+    check_unicode({k: obj[k] for k in ("prompt", "messages") if k in obj}, where)  # a "\\ud800" escape
     if "prompt" in obj:
         if not isinstance(obj["prompt"], str) or not obj["prompt"]:
             raise UserError(f"{where}: 'prompt' must be a non-empty string")

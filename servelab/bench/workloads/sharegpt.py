@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from servelab.bench.workloads.dataset import DatasetItem, read_text
+from servelab.bench.workloads.dataset import DatasetItem, check_unicode, parse_json, read_text
 from servelab.errors import UserError
 
 HUMAN = {"human", "user"}
@@ -23,9 +23,11 @@ GPT = {"gpt", "assistant", "chatgpt", "bard", "bing"}
 def load_sharegpt(path: Path) -> tuple[list[DatasetItem], int]:
     """(items, conversations skipped)."""
     try:
-        data = json.loads(read_text(path))
+        data = parse_json(read_text(path), str(path))
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise UserError(f"{path}: invalid JSON: {exc}") from None
     if not isinstance(data, list):
         raise UserError(f"{path}: a ShareGPT file is a JSON list of conversations, got {type(data).__name__}")
     items: list[DatasetItem] = []
@@ -57,4 +59,5 @@ def parse_entry(entry: Any, where: str) -> DatasetItem | None:
         return None
     reply = turns[first + 1]["value"] if first + 1 < len(turns) and turns[first + 1]["from"].lower() in GPT \
         else None
+    check_unicode({"conversations": turns}, where)
     return DatasetItem(turns[first]["value"], f"{where} (conversations[{first}])", reference_output=reply)
