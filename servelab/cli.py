@@ -126,8 +126,15 @@ def up(
         render_lint(out, result.lint)
         if as_json:
             print(result.model_dump_json(indent=2), flush=True)
+        from servelab.lifecycle.exposure import engine_exposure
+
+        exposed = engine_exposure(running)  # --host 0.0.0.0: who else can reach it (issue 11 item 16)
+        if exposed is not None:
+            out.print(f"[bold yellow]warning:[/bold yellow] {inert_markup(exposed.warning())}", highlight=False)
+        also = f" (from the network: {', '.join(exposed.urls)})" if exposed is not None and exposed.urls else ""
         out.print(f"serving model [bold]{inert_markup(running.served_model)}[/bold] at {inert_markup(running.url)}"
-                  f"  (log: {inert_markup(running.log_path)})\npress Ctrl-C to stop", highlight=False)
+                  f"{inert_markup(also)}  (log: {inert_markup(running.log_path)})\npress Ctrl-C to stop",
+                  highlight=False)
         try:
             while running.alive:
                 time.sleep(0.5)

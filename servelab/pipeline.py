@@ -95,6 +95,12 @@ class CellSession:
                 self.engine = self._stack.enter_context(live_launch(self.plan.spec, self.rundir.path, self.console,
                                                                     ready_timeout_s=self.plan.ready_timeout_s))
                 self.url, self.served_model = self.engine.url, self.engine.served_model
+                from servelab.lifecycle.exposure import engine_exposure
+
+                exposed = engine_exposure(self.engine)  # a cell bound to 0.0.0.0 (issue 11 item 16)
+                if exposed is not None:
+                    self.console.print(f"[bold yellow]warning:[/bold yellow] {inert_markup(exposed.warning())}",
+                                       highlight=False)
                 self.summary.provenance = self.engine.provenance()
                 launch = self.engine.result()
                 if self.summary.launch is None:

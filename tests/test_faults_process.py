@@ -581,3 +581,58 @@ def test_two_runs_of_one_experiment_cannot_run_at_once(tmp_path: Path, slow):
     again = subprocess.run([*SERVELAB, "run", str(exp), "--out", str(out), "--new", "--requests", "1"],
                            capture_output=True, text=True, timeout=120)
     assert "already running" not in again.stderr
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Item 16: `up --host 0.0.0.0` says who can reach the engine, at its real addresses
+# --------------------------------------------------------------------------------------------------------------
+
+def serve_until_ready(command: list[str]) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = ""
+    while "press Ctrl-C" not in seen:
+        line = proc.stdout.readline()
+        assert line, f"up ended before serving: {seen}{finish(proc)}"
+        seen += line
+    return proc, seen
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1"])
+def test_up_on_every_interface_warns_and_prints_the_real_addresses(tmp_path: Path, host: str):
+    """Item 16: `up --host 0.0.0.0` of a server that asks for no API key warns that it is reachable from the
+    network and prints the host's own addresses (each of which answers), not only 127.0.0.1; loopback does not
+    warn."""
+    from servelab.lifecycle.exposure import interface_addresses
+
+    port = free_port()
+    proc, seen = serve_until_ready([*SERVELAB, "up", "command", "--host", host, "--port", str(port), "--log-dir",
+                                    str(tmp_path), "--", PY, "-m", "servelab.calibration.server", "--host",
+                                    "{host}", "--port", "{port}"])
+    try:
+        addresses = interface_addresses(socket.AF_INET)
+        if host == "127.0.0.1":
+            assert "warning" not in seen and "from the network" not in seen, seen
+            return
+        assert "warning: --host 0.0.0.0: the engine is reachable from the network at" in seen, seen
+        assert "asks for no API key" in seen
+        if not addresses:
+            pytest.skip("this host has no non-loopback IPv4 address to check")
+        for address in addresses:
+            assert f"http://{address}:{port}" in seen, seen
+            with urllib.request.urlopen(f"http://{address}:{port}/health", timeout=5) as answer:
+                assert answer.status == 200  # a real address of the engine
+    finally:
+        proc.send_signal(signal.SIGINT)
+        finish(proc)
+
+
+def test_exposure_knows_an_engine_given_an_api_key():
+    """Item 16: an engine started with --api-key is reachable but authenticated: the line says so instead of the
+    warning about anyone using it; loopback addresses are not exposure."""
+    from servelab.lifecycle.exposure import exposure
+
+    keyed = exposure("0.0.0.0", 8000, ["vllm", "serve", "m", "--api-key", "k"])
+    assert keyed is not None and keyed.authenticated and "given an API key" in keyed.warning()
+    assert not exposure("0.0.0.0", 8000, ["llama-server", "--port", "8000"]).authenticated
+    assert exposure("10.1.2.3", 8000).urls == ["http://10.1.2.3:8000"]
+    assert all(exposure(h, 1) is None for h in ("127.0.0.1", "localhost", "::1", "127.0.0.2"))
