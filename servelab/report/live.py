@@ -19,6 +19,7 @@ from servelab.engines.base import EngineSpec
 from servelab.lifecycle.diagnose import RECENT_S, eta_words
 from servelab.lifecycle.diagnose import eta_s as _eta
 from servelab.lifecycle.launch import LaunchStatus, RunningEngine, prepare_launch, start_engine
+from servelab.textsafe import inert, inert_markup
 
 _PROBE_STYLE = {"ready": "green", "loading": "yellow", "down": "dim", "unknown": "red"}
 _VERDICT_STYLE = {"starting": "dim", "loading": "cyan", "ready": "green", "stalled": "bold red", "crashed": "bold red"}
@@ -88,7 +89,7 @@ def render_status(title: str, status: LaunchStatus, width: int) -> Group:
         state = status.verdict.state
         parts.append(Text.assemble((state, _VERDICT_STYLE.get(state, "")),
                                    (_fit(SEP + movement(status), width - len(state)), "dim")))
-    parts.append(Text.assemble(("> ", "dim"), Text(_fit(status.last_line or "", width - 2), style="dim")))
+    parts.append(Text.assemble(("> ", "dim"), Text(_fit(inert(status.last_line or ""), width - 2), style="dim")))
     return Group(*parts)
 
 
@@ -125,7 +126,8 @@ def live_launch(spec: EngineSpec, log_dir: Path, console: Console, ready_timeout
 
         engine = start_engine(spec, log_dir, on_update=on_update, ready_timeout_s=ready_timeout_s,
                               stall_action=stall_action, prepared=prepared)
-    console.print(f"[bold]{title}[/bold] ready in {engine.ready_s:.1f} s at {engine.url}", highlight=False)
+    console.print(f"[bold]{inert_markup(title)}[/bold] ready in {engine.ready_s:.1f} s at "
+                  f"{inert_markup(engine.url)}", highlight=False)
     return engine
 
 
