@@ -30,6 +30,15 @@ def normalize_base_url(url: str) -> str:
     return str(parsed.with_path(path or "/").with_query(None).with_fragment(None)).rstrip("/")
 
 
+def check_credentials(base_url: str, api_key: str | None) -> None:
+    """A URL's `user:password` and an API key would both set the Authorization header (Basic and Bearer), and
+    HTTP has room for one: refuse the pair in one line rather than let the HTTP layer fail every request."""
+    if api_key and (URL(base_url).user or URL(base_url).password):
+        raise UserError(f"the URL '{redact_url(base_url)}' carries a user and password and --api-key was given: "
+                        f"both would set the Authorization header",
+                        hint="give one: the key (Bearer) or the credentials in the URL (Basic)")
+
+
 async def ensure_reachable(base_url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """Open (and close) one TCP connection, so that a wrong host or port is one clear UserError instead of every
     check failing the same way. Only connecting is tested: a server that accepts and then hangs is the checks' job."""

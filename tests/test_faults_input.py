@@ -342,3 +342,18 @@ def test_a_dataset_larger_than_the_bound_is_refused(tmp_path: Path, monkeypatch)
     with pytest.raises(UserError) as info:
         load_sharegpt(odd)
     assert f"{odd}: item 0" in info.value.message and "lone surrogate" in info.value.message
+
+
+def test_url_credentials_and_an_api_key_together_are_one_line_not_a_crash() -> None:
+    """Both set the Authorization header: refused with exit 2 naming the clash, the password never printed (the
+    fault matrix's case 56: the HTTP layer raised inside every request)."""
+    import subprocess
+    import sys
+
+    for command in (["bench", "http://alice:SECRET-PW@127.0.0.1:9", "--model", "m"],
+                    ["verify", "http://alice:SECRET-PW@127.0.0.1:9"]):
+        proc = subprocess.run([sys.executable, "-m", "servelab.cli", *command, "--api-key", "sk-test-key"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert "Authorization" in proc.stderr and "internal error" not in proc.stderr
+        assert "SECRET-PW" not in proc.stderr + proc.stdout and "sk-test-key" not in proc.stderr + proc.stdout

@@ -38,7 +38,7 @@ from servelab.bench.workload import Workload
 from servelab.bench.workloads import WorkloadSource
 from servelab.engines.detect import detect_engine
 from servelab.errors import UserError
-from servelab.net import ensure_reachable, normalize_base_url
+from servelab.net import check_credentials, ensure_reachable, normalize_base_url
 from servelab.records import BenchResult, EnvironmentSummary, Figure, RequestRecord, Summary
 
 
@@ -381,7 +381,9 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
 def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], None] | None = None
           ) -> BenchResult:
     """Run a benchmark to the end, or until Ctrl-C; either way return what was measured."""
-    state = BenchState(url=normalize_base_url(url), options=options,
+    base_url = normalize_base_url(url)
+    check_credentials(base_url, options.api_key)
+    state = BenchState(url=base_url, options=options,
                        recorder=Recorder(on_record=on_record, secrets=(options.api_key,) if options.api_key else ()))
     try:
         return aio.run(run_bench(state))

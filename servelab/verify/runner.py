@@ -15,6 +15,7 @@ from servelab.records import CheckResult, VerifyResult
 from servelab.redaction import redact_text
 from servelab.verify.checks import (CHECKS, Check, CheckContext, CheckFailed, Evidence, Verdict, discover_model)
 from servelab.verify.checks.registry import DEFAULT_CONCURRENCY
+from servelab.net import check_credentials
 from servelab.verify.http import BadResponse, ensure_reachable, new_session, normalize_base_url
 
 
@@ -71,6 +72,7 @@ async def run_checks(url: str, model: str | None = None, only: list[str] | None 
     if concurrency < 2:
         raise UserError(f"concurrency must be at least 2, got {concurrency}")
     base_url = normalize_base_url(url)
+    check_credentials(base_url, api_key)
     why_not = select_checks(only, skip)
     await ensure_reachable(base_url)
 
