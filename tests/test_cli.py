@@ -152,7 +152,7 @@ def test_ctrl_c_during_run_stops_the_engine_and_keeps_what_was_measured(tmp_path
     proc = subprocess.Popen([*SERVELAB, "run", "--out", str(tmp_path), "--duration", "30", "--requests", "50",
                              "--max-tokens", "64"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240  # both cells' servers come up and are verified before the first trial
         records_file = None
         while time.monotonic() < deadline:
             found = list(tmp_path.rglob("records.jsonl"))

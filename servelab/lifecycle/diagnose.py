@@ -189,7 +189,7 @@ def _readable(signal: str, s: EvidenceSample | None) -> bool:
     if s is None:
         return True
     if signal == "log":
-        return s.log_bytes is not None  # doctor without a log has no lines to count
+        return s.log_bytes is not None or s.log_lines > 0  # doctor without a log has no lines to count
     if signal == "progress":
         return s.progress is not None
     if signal == "gpu_memory":
