@@ -167,6 +167,9 @@ def test_a_double_forked_server_does_not_outlive_up(tmp_path: Path, mode: str, s
         assert wait_gone(launcher[0]), f"the launcher outlived {sig.name} of up"
         assert not listening(port)
     finally:
+        if proc.poll() is None:  # a failed assertion before the signal: stop `up` (and so its engine) too
+            proc.terminate()
+            finish(proc, timeout_s=30)
         for pid in (server,):
             try:
                 os.kill(pid, signal.SIGKILL)
