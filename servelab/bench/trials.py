@@ -18,9 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from servelab.bench.metrics import summarize
+from servelab.bench.steady import AGGREGATE_KEYS, is_measured
 from servelab.records import BenchResult, Figure, RequestRecord, Summary, Trial
-
-AGGREGATE_KEYS = ("output_tok_s", "answer_tok_s", "request_s", "goodput_req_s")
 
 
 def is_contended(trial: Trial) -> bool:
@@ -50,10 +49,10 @@ def pooled_bench(benches: Sequence[BenchResult], records: Sequence[RequestRecord
     by_trial: dict[tuple[int, str], list[RequestRecord]] = {}
     for r in records:
         by_trial.setdefault((r.trial, r.tag), []).append(r)
+    by_tag = [(trial, {s.tag: s for s in bench.levels}) for trial, bench in zip(trial_of, benches)]
     levels = []
     for tag in tags:
-        parts = [(trial, next(s for s in bench.levels if s.tag == tag)) for trial, bench in zip(trial_of, benches)
-                 if any(s.tag == tag for s in bench.levels)]
+        parts = [(trial, found[tag]) for trial, found in by_tag if tag in found]
         pooled_records = [r for trial, _ in parts for r in by_trial.get((trial, tag), [])]
         levels.append(pool_level([s for _, s in parts], pooled_records, [trial for trial, _ in parts]))
     result = first.model_copy(update={"levels": levels, "stop_reason": benches[-1].stop_reason,
@@ -68,12 +67,12 @@ def pool_level(levels: Sequence[Summary], records: Sequence[RequestRecord], tria
     """One tag's levels from several trials as one Summary (module docstring)."""
     first = levels[0]
     pooled = summarize(records, tag=first.tag, mode=first.mode, concurrency=first.concurrency, window=(0, 0))
-    measured = [s for s in levels if s.steady is None or s.steady.measured]
+    measured = [s for s in levels if is_measured(s)]
     total_s = sum(s.window_s for s in measured)
     for key in AGGREGATE_KEYS:
-        figs = [(s, s.figures[key]) for s in measured if key in s.figures and s.figures[key].value is not None]
         if key not in first.figures:
             continue
+        figs = [(s, s.figures[key]) for s in measured if key in s.figures and s.figures[key].value is not None]
         template = first.figures[key]
         if not figs or total_s <= 0:
             pooled.figures[key] = template.model_copy(update={"value": None, "dist": None,

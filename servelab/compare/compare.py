@@ -156,12 +156,12 @@ def trial_warnings(runs: list[RunData]) -> list[str]:
 
 
 def _contention_reason(run: RunData, trial: int) -> str:
-    for t in run.trials:
-        if t.index == trial and t.contended_levels:
-            level = t.contended_levels[0]
-            reasons = level.environment.reasons if level.environment else []
-            return f"trial {trial + 1}, {level.tag}: " + ("; ".join(reasons) or "contended")
-    return "contended"
+    found = run.trial(trial)
+    if found is None or not found.contended_levels:
+        return "contended"
+    level = found.contended_levels[0]
+    reasons = level.environment.reasons if level.environment else []
+    return f"trial {trial + 1}, {level.tag}: " + ("; ".join(reasons) or "contended")
 
 
 def _unique_names(runs: list[RunData]) -> None:
@@ -205,9 +205,9 @@ def _ratio_cell(metric: KeyMetric, baseline: RunData, run: RunData, base_sampler
 def _trial_ratios(baseline: RunData, run: RunData, base: float, base_sampler, sampler) -> list[float]:
     """Each trial's ratio: paired by round when both runs ran interleaved in one experiment with the same trials,
     else each of the run's trials against the baseline's pooled figure."""
-    if not isinstance(sampler, Trials) or sampler.trials < 2 and not (
-            isinstance(base_sampler, Trials) and base_sampler.trials >= 2):
-        return []
+    base_trials = base_sampler.trials if isinstance(base_sampler, Trials) else 1
+    if not isinstance(sampler, Trials) or max(sampler.trials, base_trials) < 2:
+        return []  # one trial on each side: no trial to agree or disagree
     mine = sampler.trial_points()
     if isinstance(base_sampler, Trials):
         theirs = base_sampler.trial_points()

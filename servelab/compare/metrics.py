@@ -99,10 +99,8 @@ def _itl(run: RunData) -> Resampler | None:
 
 def _trial_level(run: RunData, tag: str, trial: int) -> Summary | None:
     """One trial's own level of a tag (the run's levels pool every trial)."""
-    for t in run.trials:
-        if t.index == trial:
-            return next((s for s in t.levels if s.tag == tag), None)
-    return None
+    found = run.trial(trial)
+    return next((s for s in found.levels if s.tag == tag), None) if found else None
 
 
 def _peak_throughput(run: RunData, kind: str | None = None) -> Resampler | None:

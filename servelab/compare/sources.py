@@ -46,11 +46,14 @@ class RunData(SingleAndSweep):
     def serious(self) -> list[LintFinding]:
         return [f for f in (self.launch.lint if self.launch else []) if f.severity == "serious"]
 
+    def trial(self, index: int) -> Trial | None:
+        return next((t for t in self.trials if t.index == index), None)
+
     @property
     def all_contended(self) -> bool:
         """Every trial that counts had a contended level: its figures rest on a busy machine."""
-        by_index = {t.index: t for t in self.trials}
-        return bool(self.counted) and all(i in by_index and is_contended(by_index[i]) for i in self.counted)
+        return bool(self.counted) and all((t := self.trial(i)) is not None and is_contended(t)
+                                          for i in self.counted)
 
     def records_of(self, tag: str, trial: int | None = None) -> list[RequestRecord]:
         """The measured, successful requests of one level (the ones its figures are computed from), over the

@@ -215,9 +215,9 @@ def _run(experiment: Experiment, options: ExperimentOptions, store: StoreWrites,
         interrupted = True
         console.print("[yellow]interrupted: the engines were stopped and partial results were written[/yellow]")
     finally:
-        for name, (seq, key, session) in sessions.items():
-            session.finish()
-            _save(store, exp_id, sessions[name], name)
+        for name, entry in sessions.items():
+            entry[2].finish()
+            _save(store, exp_id, entry, name)
     for seq, cell in enumerate(experiment.cells):
         key = experiment.cell_key(cell)
         if cell.name in sessions:
@@ -266,10 +266,8 @@ def _run_schedule(experiment: Experiment, sessions: dict[str, tuple[int, str, Ce
             up = session
         heading = inert_markup(f"cell {seq + 1}/{total}: {name}"
                                + (f", trial {trial + 1}/{experiment.trials}" if many else ""))
-        if not session.running or experiment.servers == "one-at-a-time" and not many:
-            console.rule(f"[bold]{heading}[/bold]")
-        elif many:
-            console.rule(heading)
+        if many or not session.running:  # all-up with one trial: the cell's heading was printed at its start
+            console.rule(heading if session.running else f"[bold]{heading}[/bold]")
         if not session.start():
             saved(name)
             continue

@@ -40,9 +40,6 @@ STACKS_MAX_PROCESSES = 9  # the root and 8 ranks
 NO_LOG_PHASE = "unknown (no log)"  # the phase when there is no log to read it from
 MODELS_PATH = "/v1/models"
 _SPEED = re.compile(r"--speed[= ](\d+(?:\.\d+)?)")
-_LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
-
-
 class _Generic(EngineAdapter):
     """An engine doctor cannot name: no phases, probe /health."""
 
@@ -212,10 +209,10 @@ def listening_urls(pid: int) -> list[str]:
 
 def _listener_of(url: str) -> int | None:
     """The one process listening on a local URL's port (None: not local, nobody, several, or hidden from us)."""
-    from servelab.bench.environment import listening_pids, url_port
+    from servelab.bench.environment import is_local_host, listening_pids, url_port
 
     host, port = url_port(url)
-    if host not in _LOCAL_HOSTS or port is None:
+    if not is_local_host(host) or port is None:
         return None
     listener = listening_pids(port)
     return listener.pids[0] if len(listener.pids) == 1 else None
