@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -327,16 +327,26 @@ async def warm_up(state: BenchState, client: StreamClient, target: Target, tag: 
         state.recorder.add(await client.send(spec))
 
 
+def sweep_concurrencies(opts: BenchOptions) -> Iterator[int]:
+    """The sweep's levels: exactly `sweep_levels` when given (a later trial repeating the first trial's), else
+    1, 2, 4, … up to max_concurrency (the sweep stops earlier when throughput stops growing)."""
+    if opts.sweep_levels:
+        yield from opts.sweep_levels
+        return
+    concurrency = 1
+    while concurrency <= opts.max_concurrency:
+        yield concurrency
+        concurrency *= 2
+
+
 async def sweep(state: BenchState, client: StreamClient, target: Target) -> None:
     """Concurrency 1, 2, 4, ... until aggregate output tok/s stops growing (or max_concurrency is reached); or
-    exactly `sweep_levels` when given (a later trial repeating the first trial's levels)."""
+    exactly `sweep_levels` when given, measured or not, with no stop rule but failures."""
     opts = state.options
     await warm_up(state, client, target, tag="warmup")
     best: Summary | None = None
     flat = 0  # consecutive levels that did not beat the best by min_gain
-    fixed = list(opts.sweep_levels or [])
-    concurrency = fixed.pop(0) if fixed else 1
-    while concurrency <= opts.max_concurrency or opts.sweep_levels:
+    for concurrency in sweep_concurrencies(opts):
         tag = f"c{concurrency}"
         ensure_streams(state, concurrency, f"concurrency {concurrency}")
         await begin_level(state, tag, concurrency)
@@ -353,10 +363,6 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
             state.stop_reason = f"more than half the requests failed at concurrency {concurrency}"
             return
         if opts.sweep_levels:  # every level of the first trial, measured or not
-            if not fixed:
-                state.stop_reason = "ran the levels of the cell's first trial"
-                return
-            concurrency = fixed.pop(0)
             continue
         if not is_measured(level):
             state.stop_reason = (f"concurrency {concurrency} was not measured ({level.steady.reason}); a higher "
@@ -374,8 +380,8 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
             flat = 0
         if best is None or tput > best_tput:
             best = level
-        concurrency *= 2
-    state.stop_reason = f"reached the maximum concurrency ({opts.max_concurrency})"
+    state.stop_reason = ("ran the levels of the cell's first trial" if opts.sweep_levels
+                         else f"reached the maximum concurrency ({opts.max_concurrency})")
 
 
 def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], None] | None = None
