@@ -102,6 +102,11 @@ class RequestRecord(BaseModel):
     # Which trial of its cell the request belonged to (experiments repeat each cell; docs/metrics.md#trials).
     # 0 for a lone bench run and for records written before trials existed.
     trial: int = 0
+    # Multi-turn workloads and trace replay (issue 16): which conversation the request belonged to and its turn
+    # there (1-based); None for single-turn workloads. The prompt tokens the engine served from its cache are in
+    # usage.cached_tokens.
+    conversation: int | None = None
+    turn: int | None = None
 
     # ---- derived views (pure functions of the fields above) ----
     @property
@@ -251,6 +256,18 @@ class ErrorCount(BaseModel):
     count: int
 
 
+class TurnFigures(BaseModel):
+    """One turn index of a multi-turn level (docs/metrics.md#cache): how long its first token took and how much of
+    its prompt the engine served from its cache (bench/cache_figures.py)."""
+
+    turn: int  # 1-based
+    requests: int  # successful requests of this turn index
+    ttft_ms: Distribution | None = None
+    prompt_tokens_mean: float | None = None  # the server's usage.prompt_tokens
+    cached_tokens_mean: float | None = None  # the server's usage.cached_tokens, over requests that reported it
+    cached_share: float | None = None  # cached ÷ prompt tokens, token-weighted, over requests that reported both
+
+
 class Summary(BaseModel):
     """The figures for one load level."""
 
@@ -282,6 +299,8 @@ class Summary(BaseModel):
     # The most common failures, most frequent first (grouped by kind, status and detail with numbers masked).
     top_errors: list[ErrorCount] = Field(default_factory=list)
     trial: int = 0  # the trial of its cell this level ran in (docs/metrics.md#trials)
+    # Multi-turn levels (issue 16): figures per turn index, in turn order; empty for single-turn workloads.
+    turns: list[TurnFigures] = Field(default_factory=list)
 
 
 class BenchResult(BaseModel):

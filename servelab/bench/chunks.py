@@ -8,6 +8,9 @@ Engines differ in small ways that decide whether numbers are right (shared/resea
   carries finish_reason (transformers serve, llama.cpp completions), on every chunk (`continuous_usage_stats`), or
   not at all (llama-cpp-python);
 - llama.cpp with `timings_per_token` puts its running count of generated tokens in `timings.predicted_n`;
+- llama.cpp puts the prompt tokens it reused from its cache in `timings.cache_n` (on the last chunk, and on every
+  chunk with `timings_per_token`); builds that also send `usage.prompt_tokens_details.cached_tokens` say the same
+  there (tools/server/server-task.cpp), and the usage wins when both are present;
 - an error can arrive inside a 200 stream as `{"error": {...}}`.
 
 A chunk that is JSON but not a chunk (`"abc"`, `{"choices": [1]}`, `choices` that is not a list) raises
@@ -38,6 +41,7 @@ class ChunkView:
     finish_reason: str | None = None
     usage: Usage | None = None
     running_count: int | None = None  # the server's running count of generated tokens, if this chunk has one
+    cache_n: int | None = None  # llama.cpp's timings.cache_n: prompt tokens served from its cache
     has_choices: bool = False
     error: str | None = None
 
@@ -105,12 +109,15 @@ def read_chunk(obj: Any) -> ChunkView:
             raise MalformedChunk(f"the chunk's finish_reason is not a string: {_excerpt(finish_reason)}")
     raw_usage = obj.get("usage")
     usage = parse_usage(raw_usage) if raw_usage else None
-    running_count = None
+    running_count = cache_n = None
     timings = obj.get("timings")
-    if isinstance(timings, dict) and timings.get("predicted_n").__class__ is int:  # an int, not a bool
-        running_count = timings["predicted_n"]
-    elif choices and usage is not None and usage.completion_tokens is not None:
+    if isinstance(timings, dict):
+        if timings.get("predicted_n").__class__ is int:  # an int, not a bool
+            running_count = timings["predicted_n"]
+        if timings.get("cache_n").__class__ is int and timings["cache_n"] >= 0:
+            cache_n = timings["cache_n"]
+    if running_count is None and choices and usage is not None and usage.completion_tokens is not None:
         # Usage on a chunk that still has choices: a running count (continuous_usage_stats) or the final count on
         # the last chunk. The counting pass below tells the two apart by whether every chunk had one.
         running_count = usage.completion_tokens
-    return ChunkView(answer, reasoning, finish_reason, usage, running_count, bool(choices), None)
+    return ChunkView(answer, reasoning, finish_reason, usage, running_count, bool(choices), None, cache_n)

@@ -71,6 +71,8 @@ class RequestSpec:
     warmup: bool = False
     input_tokens: int | None = None
     headers: dict[str, str] = field(default_factory=dict)  # per-request headers (e.g. a calibration id)
+    conversation: int | None = None  # multi-turn workloads: the conversation and its turn (1-based)
+    turn: int | None = None
 
 
 class _StreamState:
@@ -78,7 +80,7 @@ class _StreamState:
     ~10x more, and this is touched once per event."""
 
     __slots__ = ("chunks", "usage", "finish_reason", "events", "saw_done", "last_event_ns", "max_count",
-                 "max_tokens")
+                 "max_tokens", "cache_n")
 
     def __init__(self, max_tokens: int | None = None) -> None:
         self.chunks: list[RawChunk] = []
@@ -89,6 +91,7 @@ class _StreamState:
         self.last_event_ns = 0  # when the last SSE data event arrived: the idle deadline counts from it
         self.max_tokens = max_tokens
         self.max_count = plausible_token_bound(max_tokens)
+        self.cache_n: int | None = None  # llama.cpp's timings.cache_n: prompt tokens reused from its cache
 
     def on_event(self, data: str, now_ns: int, event: str | None = None) -> bool:
         """Handle one SSE event; True when the stream is finished ([DONE])."""
@@ -116,6 +119,8 @@ class _StreamState:
             self.usage = view.usage
         if view.finish_reason is not None:
             self.finish_reason = view.finish_reason
+        if view.cache_n is not None:
+            self.cache_n = view.cache_n
         count = view.running_count
         if count is not None and not 0 <= count <= self.max_count:
             raise _Failure("parse", self._implausible("running token count", count))
@@ -254,7 +259,8 @@ class StreamClient:
                     if k in body}
         record = RequestRecord(index=spec.index, tag=spec.tag, warmup=spec.warmup, endpoint=spec.endpoint,
                                input_tokens=spec.input_tokens, max_tokens=body.get("max_tokens"),
-                               sampling=sampling, scheduled_ns=scheduled_ns, t_send_ns=time.perf_counter_ns())
+                               sampling=sampling, scheduled_ns=scheduled_ns, conversation=spec.conversation,
+                               turn=spec.turn, t_send_ns=time.perf_counter_ns())
         state = _StreamState(record.max_tokens if isinstance(record.max_tokens, int) else None)
         key = id(record)
         self.in_flight[key] = (asyncio.current_task(), record, state)
@@ -446,6 +452,9 @@ def _finish_record(record: RequestRecord, state: _StreamState) -> None:
         record.t_end_ns = time.perf_counter_ns()
     record.chunks, record.saw_done, record.finish_reason = state.events, state.saw_done, state.finish_reason
     record.usage = state.usage
+    if state.cache_n is not None and (record.usage is None or record.usage.cached_tokens is None):
+        # llama.cpp builds without usage.prompt_tokens_details report the reuse only in timings.cache_n
+        record.usage = (record.usage or Usage()).model_copy(update={"cached_tokens": state.cache_n})
     record.events, record.count_method = count_tokens(state.chunks, state.usage)
 
 

@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
+from servelab.bench.cache_figures import cache_figures, cache_row
 from servelab.records import CountMethod, Distribution, Figure, RequestRecord, Summary
 
 NS_PER_MS = 1_000_000
@@ -169,6 +170,10 @@ def summarize(records: Sequence[RequestRecord], *, tag: str, mode: str, concurre
     if slos:
         figures.update(goodput_figures(measured, slos, window))
 
+    # issue 16: prefix-cache figures from one compact row per successful request (bench/cache_figures.py)
+    cache, turns = cache_figures(cache_row(r) for r in ok)
+    figures.update(cache)
+
     warnings = token_accounting_warnings(ok) + length_control_warnings(ok)
     if failed:
         warnings.append(f"{len(failed)} of {len(ok) + len(failed)} requests failed; they are excluded from latency "
@@ -184,7 +189,7 @@ def summarize(records: Sequence[RequestRecord], *, tag: str, mode: str, concurre
     return Summary(tag=tag, mode=mode, concurrency=concurrency, requests=len(measured), ok=len(ok),
                    failed=len(failed), cancelled=len(cancelled),
                    errors=dict(Counter(r.error_kind or "unknown" for r in failed)),
-                   window_s=window_s, figures=figures, warnings=warnings)
+                   window_s=window_s, figures=figures, warnings=warnings, turns=turns)
 
 
 def reasoning_share(ok: Sequence[RequestRecord], method) -> Figure:

@@ -1,0 +1,108 @@
+"""Prefix-cache figures of one load level, as a pure function of small per-request rows (docs/metrics.md#cache).
+
+A row is what one successful request tells about the engine's cache: the prompt tokens the engine served from
+it (`usage.cached_tokens`: llama.cpp's `timings.cache_n` or `usage.prompt_tokens_details.cached_tokens`, vLLM's
+and SGLang's `usage.prompt_tokens_details.cached_tokens`), the prompt's length as the server counted it
+(`usage.prompt_tokens`), the request's turn in its conversation (None for single-turn workloads) and its TTFT.
+Nothing here reads a RequestRecord: the level's summary builds the rows (bench/metrics.py `cache_row`), so the
+figures can be computed from compact values as records stream to disk.
+
+Figures (each None when no request reported cached tokens):
+- cache_hit_ratio: cached ÷ prompt tokens over the requests that reported both (token-weighted); its
+  distribution is each request's own share.
+- cached_tokens: cached prompt tokens per request (headline: the mean).
+- ttft_cached_ms / ttft_uncached_ms: TTFT of the requests whose cached share was at least / below
+  CACHED_SHARE (one half), so the price of a cold prefill shows beside a warm one at the same load.
+Per turn index (TurnFigures): requests, TTFT distribution, mean prompt and cached tokens, and the cached share.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from servelab.records import Distribution, Figure, TurnFigures
+
+CACHED_SHARE = 0.5  # a request with at least this share of its prompt served from cache counts as "cached"
+
+
+class CacheRow(NamedTuple):
+    cached_tokens: int | None  # the server's count of prompt tokens served from its cache; None: not reported
+    prompt_tokens: int | None  # the server's usage.prompt_tokens (or what the workload built, without usage)
+    turn: int | None  # 1-based turn in its conversation; None for single-turn workloads
+    ttft_ms: float | None
+
+
+def _distribution(values: list[float]) -> Distribution | None:
+    from servelab.bench.metrics import distribution  # metrics.py calls this module; import when used
+
+    return distribution(values)
+
+
+def _reported(row: CacheRow) -> bool:
+    return row.cached_tokens is not None and row.prompt_tokens is not None and row.prompt_tokens > 0
+
+
+def share(row: CacheRow) -> float | None:
+    """The request's own cached share of its prompt, at most 1 (None when not reported)."""
+    if not _reported(row):
+        return None
+    return min(row.cached_tokens / row.prompt_tokens, 1.0)  # type: ignore[operator]
+
+
+def cache_figures(rows: Iterable[CacheRow]) -> tuple[dict[str, Figure], list[TurnFigures]]:
+    """(figures, per-turn figures). No figures when no request reported cached tokens; no turns when no request
+    had a turn."""
+    rows = list(rows)
+    reported = [r for r in rows if _reported(r)]
+    figures: dict[str, Figure] = {}
+    if reported:
+        cached = sum(r.cached_tokens for r in reported)  # type: ignore[misc]
+        prompt = sum(r.prompt_tokens for r in reported)  # type: ignore[misc]
+        note = f"{len(reported)} of {len(rows)} requests reported cached prompt tokens"
+        shares = [share(r) for r in reported]
+        figures["cache_hit_ratio"] = Figure(value=cached / prompt, unit="fraction", definition="cache-hit-ratio",
+                                            dist=_distribution(shares), note=note)  # type: ignore[arg-type]
+        counts = _distribution([float(r.cached_tokens) for r in reported])  # type: ignore[arg-type]
+        figures["cached_tokens"] = Figure(value=counts.mean if counts else None, unit="tokens",
+                                          definition="cached-tokens", dist=counts, note=note)
+        for key, keep in (("ttft_cached_ms", lambda s: s >= CACHED_SHARE), ("ttft_uncached_ms",
+                                                                          lambda s: s < CACHED_SHARE)):
+            ttfts = _distribution([r.ttft_ms for r in reported if r.ttft_ms is not None and keep(share(r))])
+            figures[key] = Figure(value=ttfts.p50 if ttfts else None, unit="ms", definition="ttft-by-cache",
+                                  dist=ttfts, note=f"requests with {'at least' if key == 'ttft_cached_ms' else 'less than'}"
+                                                   f" {CACHED_SHARE:.0%} of their prompt served from cache")
+    return figures, turn_figures(rows)
+
+
+def turn_figures(rows: Iterable[CacheRow]) -> list[TurnFigures]:
+    by_turn: dict[int, list[CacheRow]] = defaultdict(list)
+    for r in rows:
+        if r.turn is not None:
+            by_turn[r.turn].append(r)
+    out: list[TurnFigures] = []
+    for turn in sorted(by_turn):
+        group = by_turn[turn]
+        reported = [r for r in group if _reported(r)]
+        prompts = [r.prompt_tokens for r in group if r.prompt_tokens is not None]
+        prompt_sum = sum(r.prompt_tokens for r in reported)  # type: ignore[misc]
+        out.append(TurnFigures(
+            turn=turn, requests=len(group),
+            ttft_ms=_distribution([r.ttft_ms for r in group if r.ttft_ms is not None]),
+            prompt_tokens_mean=sum(prompts) / len(prompts) if prompts else None,
+            cached_tokens_mean=sum(r.cached_tokens for r in reported) / len(reported) if reported else None,
+            cached_share=sum(r.cached_tokens for r in reported) / prompt_sum if prompt_sum else None))
+    return out
+
+
+def cache_row(r) -> CacheRow:
+    """The row of one successful RequestRecord: the one place a record becomes a row (the level's accumulator
+    can build the same row as each record finishes)."""
+    from servelab.bench.metrics import ttft_ns
+
+    usage = r.usage
+    prompt = usage.prompt_tokens if usage is not None and usage.prompt_tokens is not None else r.input_tokens
+    ttft = ttft_ns(r)
+    return CacheRow(usage.cached_tokens if usage is not None else None, prompt, r.turn,
+                    ttft / 1e6 if ttft is not None else None)
