@@ -309,7 +309,7 @@ class BenchResult(BaseModel):
     model: str
     # single, sweep (concurrency 1, 2, 4, …), and (issue 3) one concurrency level, one rate level, a rate sweep,
     # and the max-load search under SLOs.
-    mode: Literal["single", "sweep", "concurrency", "rate", "rate-sweep", "slo-search"]
+    mode: Literal["single", "sweep", "concurrency", "rate", "rate-sweep", "slo-search", "multiturn", "replay"]
     workload: dict[str, Any]
     levels: list[Summary]
     headline: dict[str, Figure] = Field(default_factory=dict)  # e.g. "single.decode_tok_s", "peak.output_tok_s"

@@ -51,16 +51,18 @@ def share(row: CacheRow) -> float | None:
     return min(row.cached_tokens / row.prompt_tokens, 1.0)  # type: ignore[operator]
 
 
-def cache_figures(rows: Iterable[CacheRow]) -> tuple[dict[str, Figure], list[TurnFigures]]:
+def cache_figures(rows: Iterable[CacheRow], total: int | None = None
+                  ) -> tuple[dict[str, Figure], list[TurnFigures]]:
     """(figures, per-turn figures). No figures when no request reported cached tokens; no turns when no request
-    had a turn."""
+    had a turn. `total`: the level's successful requests, when `rows` leaves out those with neither a cached
+    count nor a turn (they add nothing but to that count: the level's tally keeps only the others)."""
     rows = list(rows)
     reported = [r for r in rows if _reported(r)]
     figures: dict[str, Figure] = {}
     if reported:
         cached = sum(r.cached_tokens for r in reported)  # type: ignore[misc]
         prompt = sum(r.prompt_tokens for r in reported)  # type: ignore[misc]
-        note = f"{len(reported)} of {len(rows)} requests reported cached prompt tokens"
+        note = f"{len(reported)} of {total if total is not None else len(rows)} requests reported cached prompt tokens"
         shares = [share(r) for r in reported]
         figures["cache_hit_ratio"] = Figure(value=cached / prompt, unit="fraction", definition="cache-hit-ratio",
                                             dist=_distribution(shares), note=note)  # type: ignore[arg-type]

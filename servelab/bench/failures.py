@@ -16,17 +16,15 @@ def top_errors(records: Sequence[RequestRecord], limit: int = TOP_ERRORS) -> lis
     """The most common failures among `records` (cancelled requests are no failures), most frequent first.
     Requests are grouped by error kind, HTTP status and detail with its numbers masked (a timeout's detail names
     how long it waited); each group keeps the first request's detail as its excerpt."""
-    groups: dict[tuple, ErrorCount] = {}
-    for r in records:
-        if r.ok or r.warmup or r.error_kind == "cancelled":
-            continue
-        key = (r.error_kind, r.http_status, _NUMBER.sub("#", r.error_detail or ""))
-        if key in groups:
-            groups[key].count += 1
-        else:
-            groups[key] = ErrorCount(kind=r.error_kind or "unknown", status=r.http_status, detail=r.error_detail,
-                                     count=1)
-    return sorted(groups.values(), key=lambda e: -e.count)[:limit]
+    from servelab.bench.tally import LevelTally
+
+    tally = records if isinstance(records, LevelTally) else LevelTally.from_records(records)
+    return tally.top_errors(limit)
+
+
+def error_key(r: RequestRecord) -> tuple:
+    """What groups failures: kind, HTTP status, and the detail with its numbers masked."""
+    return (r.error_kind, r.http_status, _NUMBER.sub("#", r.error_detail or ""))
 
 
 def error_line(e: ErrorCount, width: int = 160) -> str:

@@ -13,21 +13,14 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
-from servelab.bench.cache_figures import cache_figures, cache_row
+from servelab.bench.cache_figures import cache_figures
+from servelab.bench.sketch import RELATIVE_ACCURACY, Samples
+from servelab.bench.sketch import percentile as percentile  # noqa: PLC0414 - the one definition, re-exported
+from servelab.bench.tally import LevelTally, finite
 from servelab.records import CountMethod, Distribution, Figure, RequestRecord, Summary
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (the same as numpy's default)."""
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def distribution(values: Iterable[float]) -> Distribution | None:
@@ -125,80 +118,132 @@ def _fig(values: Iterable[float | None], unit: str, definition: str, method, hea
     return Figure(value=value, unit=unit, definition=definition, counted_by=method, dist=dist, note=note)
 
 
-def summarize(records: Sequence[RequestRecord], *, tag: str, mode: str, concurrency: int,
+def summarize(records: Sequence[RequestRecord] | LevelTally, *, tag: str, mode: str, concurrency: int,
               window: tuple[int, int], slos: Sequence | None = None) -> Summary:
     """Figures for one load level. `window` = (start_ns, end_ns) over which aggregate rates are computed.
-    With `slos` (bench/slo.py targets), also goodput and SLO attainment."""
-    measured = [r for r in records if not r.warmup]
-    ok = [r for r in measured if r.ok]
-    cancelled = [r for r in measured if not r.ok and is_cancelled(r)]
-    failed = [r for r in measured if not r.ok and not is_cancelled(r)]
+    With `slos` (bench/slo.py targets), also goodput and SLO attainment.
+
+    `records` is the level's records, or the LevelTally they were folded into as they finished (bench/tally.py):
+    either way the figures come from the tally, so a level summarised live and the same records read back
+    later give the same numbers."""
+    tally = as_tally(records, slos)
     ws, we = window
     window_s = max(we - ws, 0) / NS_PER_S
-    method = counted_by(ok)
+    method = tally.counted_by()
     timing_method = None  # pure timings do not depend on how tokens were counted
 
-    in_window_tokens = sum(e.tokens for r in ok for e in r.events if ws <= e.t_ns <= we)
-    in_window_answer = sum(e.tokens for r in ok for e in r.events if ws <= e.t_ns <= we and e.kind == "answer")
-    completed_in_window = sum(1 for r in ok if r.t_end_ns is not None and ws <= r.t_end_ns <= we)
+    in_window_tokens, in_window_answer, _ = tally.in_window(window)
+    completed_in_window = tally.completed_in(window)
     figures: dict[str, Figure] = {
         "output_tok_s": Figure(value=in_window_tokens / window_s if window_s > 0 else None, unit="tok/s",
                                definition="output-tok-s", counted_by=method),
         "request_s": Figure(value=completed_in_window / window_s if window_s > 0 else None, unit="req/s",
                             definition="request-s", counted_by=timing_method),
-        "decode_tok_s": _fig((decode_tok_s(r) for r in ok), "tok/s", "decode-tok-s", method),
-        "ttft_ms": _fig((_ms(ttft_ns(r)) for r in ok), "ms", "ttft", method),
-        "ttfo_ms": _fig((_ms(ttfo_ns(r)) for r in ok), "ms", "ttfo", method),
-        "itl_ms": _fig((g for r in ok for g in token_gaps_ms(r)), "ms", "itl", method),
-        "itl_chunk_ms": _fig((g for r in ok for g in chunk_gaps_ms(r)), "ms", "itl-chunk", timing_method),
-        "tpot_ms": _fig((tpot_ms(r) for r in ok), "ms", "tpot", method),
-        "e2e_ms": _fig((_ms(e2e_ns(r)) for r in ok), "ms", "e2e", timing_method),
-        "output_tokens": _fig((r.output_tokens for r in ok), "tokens", "output-tokens", method,
-                              headline="mean"),
+        "decode_tok_s": _fig(finite(tally.decode_tok_s), "tok/s", "decode-tok-s", method),
+        "ttft_ms": _fig(finite(tally.ttft_ms), "ms", "ttft", method),
+        "ttfo_ms": _fig(finite(tally.ttfo_ms), "ms", "ttfo", method),
+        "itl_ms": _samples_fig(tally.itl, "ms", "itl", method),
+        "itl_chunk_ms": _samples_fig(tally.itl_chunk, "ms", "itl-chunk", timing_method),
+        "tpot_ms": _fig(finite(tally.tpot_ms), "ms", "tpot", method),
+        "e2e_ms": _fig(tally.e2e_ms(), "ms", "e2e", timing_method),
+        "output_tokens": _fig(tally.output_tokens, "tokens", "output-tokens", method, headline="mean"),
         # Reasoning apart from the answer (docs/metrics.md#reasoning): the figures that mean the same whether or
         # not an engine thinks.
         "answer_tok_s": Figure(value=in_window_answer / window_s if window_s > 0 else None, unit="tok/s",
                                definition="answer-tok-s", counted_by=method),
-        "reasoning_tokens": _fig((r.reasoning_tokens for r in ok), "tokens", "reasoning-tokens", method,
-                                 headline="mean"),
-        "answer_tokens": _fig((r.answer_tokens for r in ok), "tokens", "answer-tokens", method, headline="mean"),
-        "reasoning_share": reasoning_share(ok, method),
+        "reasoning_tokens": _fig(tally.reasoning_tokens, "tokens", "reasoning-tokens", method, headline="mean"),
+        "answer_tokens": _fig(tally.answer_tokens, "tokens", "answer-tokens", method, headline="mean"),
+        "reasoning_share": _reasoning_share(tally, method),
     }
-    lags = [(r.t_send_ns - r.scheduled_ns) / NS_PER_MS for r in measured if r.scheduled_ns is not None]
+    lags = finite(tally.lag_ms)
     if lags:
         figures["client_lag_ms"] = _fig(lags, "ms", "client-lag", None, headline="p99")
     if slos:
-        figures.update(goodput_figures(measured, slos, window))
+        figures.update(goodput_figures(tally, slos, window))
 
     # issue 16: prefix-cache figures from one compact row per successful request (bench/cache_figures.py)
-    cache, turns = cache_figures(cache_row(r) for r in ok)
+    cache, turns = cache_figures(tally.cache_rows, total=tally.ok)
     figures.update(cache)
 
-    warnings = token_accounting_warnings(ok) + length_control_warnings(ok)
+    ok, failed, cancelled, measured = tally.ok, tally.failed, tally.cancelled, tally.measured
+    warnings = _tally_warnings(tally)
     if failed:
-        warnings.append(f"{len(failed)} of {len(ok) + len(failed)} requests failed; they are excluded from latency "
+        warnings.append(f"{failed} of {ok + failed} requests failed; they are excluded from latency "
                         f"figures and counted under `errors`")
     if cancelled:
-        warnings.append(f"{len(cancelled)} of {len(measured)} requests were cancelled in flight (interrupted, or "
+        warnings.append(f"{cancelled} of {measured} requests were cancelled in flight (interrupted, or "
                         f"still running a grace period after the level's cap); "
                         f"they are kept in records.jsonl with error_kind \"cancelled\" and what they had received, "
                         f"counted under `cancelled`, and excluded from every figure and from `failed`")
     if method == "chunk_count":
         warnings.append("tokens were counted as one per SSE chunk: the server gave no per-chunk token counts "
                         "and no tokenizer was used; token figures are approximate")
-    return Summary(tag=tag, mode=mode, concurrency=concurrency, requests=len(measured), ok=len(ok),
-                   failed=len(failed), cancelled=len(cancelled),
-                   errors=dict(Counter(r.error_kind or "unknown" for r in failed)),
-                   window_s=window_s, figures=figures, warnings=warnings, turns=turns)
+    return Summary(tag=tag, mode=mode, concurrency=concurrency, requests=measured, ok=ok, failed=failed,
+                   cancelled=cancelled, errors=dict(tally.errors), window_s=window_s, figures=figures,
+                   warnings=warnings, turns=turns)
+
+
+def as_tally(records: Sequence[RequestRecord] | LevelTally, slos: Sequence | None = None) -> LevelTally:
+    """The tally of `records` (itself when it is one). A tally must have been told the SLO targets it is
+    asked about: it judged each request against them as it was folded."""
+    if isinstance(records, LevelTally):
+        if slos and [s.key for s in slos] != [s.key for s in records.slos]:
+            raise ValueError("this level was tallied without these SLO targets")
+        return records
+    return LevelTally.from_records(records, slos=slos)
+
+
+def _samples_fig(samples: Samples, unit: str, definition: str, method) -> Figure:
+    dist = samples.distribution()
+    note = (f"percentiles from a quantile sketch (DDSketch, within {RELATIVE_ACCURACY:.1%} of the sample at "
+            f"their rank) over {samples.n:,} samples; count, mean, min and max exact" if samples.sketched else None)
+    return Figure(value=dist.p50 if dist else None, unit=unit, definition=definition, counted_by=method,
+                  dist=dist, note=note)
+
+
+def _reasoning_share(tally: LevelTally, method) -> Figure:
+    """The fraction of output tokens that were reasoning: over all successful requests' tokens (the value), and
+    request by request (the distribution)."""
+    total = sum(tally.output_tokens)
+    per_request = [r / o for r, o in zip(tally.reasoning_tokens, tally.output_tokens) if o]
+    return Figure(value=sum(tally.reasoning_tokens) / total if total else None, unit="fraction",
+                  definition="reasoning-share", counted_by=method, dist=distribution(per_request))
 
 
 def reasoning_share(ok: Sequence[RequestRecord], method) -> Figure:
-    """The fraction of output tokens that were reasoning: over all successful requests' tokens (the value), and
-    request by request (the distribution)."""
-    total = sum(r.output_tokens for r in ok)
-    per_request = [r.reasoning_tokens / r.output_tokens for r in ok if r.output_tokens]
-    return Figure(value=sum(r.reasoning_tokens for r in ok) / total if total else None, unit="fraction",
-                  definition="reasoning-share", counted_by=method, dist=distribution(per_request))
+    return _reasoning_share(LevelTally.from_records(ok), method)
+
+
+# The per-request checks a tally counts (bench/tally.py `_warnings`), with how each is said.
+_WARNINGS = {
+    "usage": "client token count differs from the server's usage (e.g. {example})",
+    "ignore_eos": "did not produce the requested max_tokens despite ignore_eos (e.g. {example})",
+    "prompt": "the prompt the workload built is not the length the server counted (e.g. {example})",
+    "min_tokens": "stopped before the requested min_tokens (e.g. {example})",
+}
+
+
+def _tally_warnings(tally: LevelTally) -> list[str]:
+    """Say when the client's counts and the server's usage disagree, when the requested length was ignored,
+    when a prompt was not as long as the workload meant it to be (input_tokens vs usage.prompt_tokens), or when
+    an answer stopped before the min_tokens it asked for."""
+    out = []
+    for key, text in _WARNINGS.items():
+        n = tally.warn_counts.get(key, 0)
+        if n:
+            sep = ": " if key in ("usage", "prompt") else " "
+            out.append(f"{n} of {tally.ok} requests{sep}" + text.format(example=tally.warn_example[key]))
+    return out
+
+
+def token_accounting_warnings(ok: Sequence[RequestRecord]) -> list[str]:
+    tally = LevelTally.from_records(ok)
+    return [w for w in _tally_warnings(tally) if "usage" in w or "ignore_eos" in w]
+
+
+def length_control_warnings(ok: Sequence[RequestRecord]) -> list[str]:
+    tally = LevelTally.from_records(ok)
+    return [w for w in _tally_warnings(tally) if "prompt the workload" in w or "min_tokens" in w]
 
 
 def saw_reasoning(levels: Iterable[Summary]) -> bool:
@@ -254,22 +299,21 @@ def _generated(r: RequestRecord) -> int:
     return r.usage.completion_tokens if r.usage and r.usage.completion_tokens is not None else r.output_tokens
 
 
-def goodput(records: Sequence[RequestRecord], slos: Sequence, window: tuple[int, int]
+def goodput(records: Sequence[RequestRecord] | LevelTally, slos: Sequence, window: tuple[int, int]
             ) -> tuple[float | None, float | None]:
     """(goodput in req/s, SLO attainment): requests that met every target and ended inside the window, per second
     of window; and the fraction of measured requests (failures included, cancelled ones not) that met every
     target."""
-    from servelab.bench.slo import request_meets  # slo.py builds on this module
-
-    measured = [r for r in records if not r.warmup and not is_cancelled(r)]
-    met = [r for r in measured if request_meets(r, slos)]
+    tally = as_tally(records, slos)
     ws, we = window
     window_s = max(we - ws, 0) / NS_PER_S
-    good_in_window = sum(1 for r in met if r.t_end_ns is not None and ws <= r.t_end_ns <= we)
-    return (good_in_window / window_s if window_s > 0 else None, len(met) / len(measured) if measured else None)
+    judged = sum(1 for s in tally.status if s != 2)
+    met = sum(tally.meets)
+    good_in_window = sum(1 for m, t in zip(tally.meets, tally.t_end) if m and t != -1 and ws <= t <= we)
+    return (good_in_window / window_s if window_s > 0 else None, met / judged if judged else None)
 
 
-def goodput_figures(records: Sequence[RequestRecord], slos: Sequence, window: tuple[int, int]
+def goodput_figures(records: Sequence[RequestRecord] | LevelTally, slos: Sequence, window: tuple[int, int]
                     ) -> dict[str, Figure]:
     rate, fraction = goodput(records, slos, window)
     targets = ",".join(f"{s.key}={s.limit_ms:g}" for s in slos)

@@ -77,6 +77,14 @@ class BenchArgs:
     timeout_first_byte: float | None = None
     timeout_idle: float | None = None  # since the last SSE data event (comments do not count)
     timeout_total: float | None = None
+    # Multi-turn conversations and trace replay (issue 16; bench/conversation_plans.py)
+    users: int | None = None  # multiturn, closed loop: simulated users
+    turns: int = 6  # synthetic conversations: user turns each
+    think_time: str | None = None  # between a user's turns: seconds, exp:MEAN or uniform:LO..HI
+    history: str = "server"  # what earlier answers a turn sends back: the server's, or the dataset's
+    conversations: int | None = None  # conversations per level (default: one per user)
+    time_scale: float = 1.0  # replay: trace seconds x this = replay seconds
+    block_tokens: int | None = None  # replay: tokens per hash id (Mooncake: 512)
 
 
 def build_options(a: BenchArgs) -> BenchOptions:
@@ -176,7 +184,10 @@ def build_plan(a: BenchArgs, slos) -> LoadPlan:
     rates = parse_rates(a.rate) if a.rate else []
     if a.mode == "rate" and len(rates) != 1:
         raise UserError("--mode rate needs one --rate (requests/s)", hint="for several, use --mode rate-sweep")
-    if a.mode not in ("rate", "rate-sweep") and rates and not (a.mode == "slo-search" and len(rates) == 1):
+    if a.mode == "multiturn" and len(rates) > 1:
+        raise UserError("--mode multiturn takes one --rate (conversations started per second)")
+    if a.mode not in ("rate", "rate-sweep", "multiturn") and rates and not (a.mode == "slo-search"
+                                                                              and len(rates) == 1):
         raise UserError(f"--rate does not apply to --mode {a.mode}")
     if a.concurrency is not None and a.mode not in ("concurrency", "slo-search"):
         raise UserError(f"--concurrency does not apply to --mode {a.mode}")
@@ -190,7 +201,11 @@ def build_plan(a: BenchArgs, slos) -> LoadPlan:
     if a.burstiness != 1.0 and arrival != "gamma":
         raise UserError(f"--burstiness applies to gamma arrivals, not {arrival}", hint="use --arrival gamma")
     open_loop = a.mode in ("rate", "rate-sweep") or (a.mode == "slo-search" and a.search == "rate")
-    plan = LoadPlan(concurrency=a.concurrency or 1, rates=rates, arrival=arrival, burstiness=a.burstiness,
+    if a.users is not None and a.mode != "multiturn":
+        raise UserError("--users applies to --mode multiturn")
+    if a.mode == "multiturn" and rates and a.users is not None:
+        raise UserError("--mode multiturn is closed loop with --users N or open loop with --rate R, not both")
+    plan = LoadPlan(concurrency=a.users or a.concurrency or 1, rates=rates, arrival=arrival, burstiness=a.burstiness,
                     seed=a.seed, requests=a.requests, duration_s=a.duration,
                     max_concurrency=a.max_concurrency if open_loop else None, max_rate=a.max_rate, slos=slos,
                     search=a.search, max_probes=a.max_probes)  # type: ignore[arg-type]
@@ -204,6 +219,15 @@ def build_plan(a: BenchArgs, slos) -> LoadPlan:
 def build_workload(a: BenchArgs):
     endpoint = CHAT if a.endpoint == "chat" else COMPLETIONS
     output = OutputSpec(max_tokens=a.max_tokens, ignore_eos=a.ignore_eos, min_tokens=a.min_tokens)
+    if a.mode in ("multiturn", "replay"):
+        from servelab.bench.workloads.multi import build_multi_workload
+
+        return build_multi_workload(a, output)
+    for name, given in (("turns", a.turns != 6), ("think-time", a.think_time is not None),
+                        ("history", a.history != "server"), ("conversations", a.conversations is not None),
+                        ("time-scale", a.time_scale != 1.0), ("block-tokens", a.block_tokens is not None)):
+        if given:
+            raise UserError(f"--{name} applies to --mode multiturn or replay")
     prefix = a.prefix_groups is not None or a.prefix_tokens is not None
     if a.dataset is not None:
         if a.input_tokens or prefix:

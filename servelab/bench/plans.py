@@ -36,7 +36,7 @@ from servelab.records import BenchResult, Figure, RequestRecord, Summary
 if TYPE_CHECKING:
     from servelab.bench.runner import BenchState
 
-PLAN_MODES = ("concurrency", "rate", "rate-sweep", "slo-search")
+PLAN_MODES = ("concurrency", "rate", "rate-sweep", "slo-search", "multiturn", "replay")  # the last two: issue 16
 CLIENT_LAG_WARN_MS = 10.0  # uncapped open loop: a p99 send lag above this means the schedule was not kept
 
 
@@ -219,6 +219,10 @@ async def run_plan(state: BenchState, client: StreamClient, target: Target) -> N
         await rate_sweep(state, client, target)
     elif opts.mode == "slo-search":
         await slo_search(state, client, target)
+    elif opts.mode in ("multiturn", "replay"):  # conversations and trace replay (bench/conversation_plans.py)
+        from servelab.bench.conversation_plans import run_mode
+
+        await run_mode(state, client, target)
     else:
         raise UserError(f"unknown mode '{opts.mode}'")
 

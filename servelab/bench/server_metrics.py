@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from servelab.bench.metrics import NS_PER_MS, ttft_ns
 from servelab.records import RequestRecord, ServerEvidence, SpecDecode
 
 Scrape = dict[str, float]  # sample name -> value summed over label sets (per-rank, per-model series add up)
@@ -138,20 +137,20 @@ def evidence(watch: LevelWatch, records: Sequence[RequestRecord]) -> ServerEvide
         if seen:
             ev.gauges[meaning] = {"mean": sum(seen) / len(seen), "max": max(seen), "last": seen[-1]}
 
-    ok = [r for r in records if r.ok]
+    from servelab.bench.metrics import as_tally
+
+    tally = as_tally(records)
     ttft = watch.names.get("ttft")  # a histogram: <name>_sum and <name>_count
     if ttft:
         s0, s1 = _lookup(watch.before, ttft + "_sum"), _lookup(watch.after, ttft + "_sum")
         c0, c1 = _lookup(watch.before, ttft + "_count"), _lookup(watch.after, ttft + "_count")
         if None not in (s0, s1, c0, c1) and c1 > c0:
             ev.server_ttft_mean_ms = (s1 - s0) / (c1 - c0) * 1000.0
-            client = [t for r in ok if (t := ttft_ns(r)) is not None]
-            if client:
-                ev.client_ttft_mean_ms = sum(client) / len(client) / NS_PER_MS
+            ev.client_ttft_mean_ms = tally.ttft_mean_ms()
 
     generated = ev.counters.get("generated_tokens")
-    client_tokens = sum(r.output_tokens for r in records)
-    if generated is not None and records and abs(generated - client_tokens) > max(2, 0.02 * client_tokens):
+    client_tokens = tally.client_tokens
+    if generated is not None and tally.measured and abs(generated - client_tokens) > max(2, 0.02 * client_tokens):
         ev.notes.append(f"the server counted {generated:.0f} generated tokens during the level, the client "
                         f"received {client_tokens}: other traffic, or requests cut short")
     ev.spec_decode = spec_decode(ev, watch.names)

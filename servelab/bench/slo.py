@@ -117,17 +117,34 @@ def level_values(records: Sequence[RequestRecord], slo: SLO) -> list[float]:
     return values
 
 
-def level_verdict(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> dict[str, Any]:
-    """{"passed", "targets": {key: {"limit_ms", "observed_ms", "passed"}}}: the shape stored in Summary.slo."""
+def level_verdict(records, slos: Sequence[SLO]) -> dict[str, Any]:
+    """{"passed", "targets": {key: {"limit_ms", "observed_ms", "passed"}}}: the shape stored in Summary.slo.
+    `records`: a level's records or its LevelTally (bench/tally.py); the samples are those of `level_values`."""
+    from servelab.bench.sketch import Samples
+
+    tally = metrics.as_tally(records)
     targets: dict[str, Any] = {}
     for slo in slos:
-        values = sorted(level_values(records, slo))
-        observed = metrics.percentile(values, slo.q) if values else math.inf
+        if slo.quantity == "itl":
+            samples = tally.itl
+            observed = samples.quantile(slo.q, extra_infinite=tally.failed) \
+                if samples.n + samples.infinite + tally.failed else math.inf
+        else:
+            samples = Samples()
+            per_request = {"ttft": tally.ttft_ms, "ttfo": tally.ttfo_ms, "tpot": tally.tpot_ms}.get(slo.quantity)
+            values = per_request if per_request is not None else tally.e2e_ms()
+            for v in values:
+                if not math.isnan(v):
+                    samples.add(v)
+                elif slo.quantity in ("ttft", "ttfo"):
+                    samples.add(math.inf)  # a successful request without any token never reached its first one
+            samples.add(math.inf, tally.failed)
+            observed = samples.quantile(slo.q) if samples.n + samples.infinite else math.inf
         if math.isnan(observed):  # interpolating between two infinite samples (inf - inf)
             observed = math.inf
         targets[slo.key] = {"limit_ms": slo.limit_ms, "observed_ms": None if math.isinf(observed) else observed,
                             "passed": observed <= slo.limit_ms}
-    measured = sum(1 for r in records if not r.warmup and not metrics.is_cancelled(r))
+    measured = tally.measured - tally.cancelled
     return {"passed": measured > 0 and all(t["passed"] for t in targets.values()), "targets": targets}
 
 

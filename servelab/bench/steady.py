@@ -83,20 +83,21 @@ def earliest_end(start_ns: int, lo_ns: int, now_ns: int, done: Sequence[tuple[in
         stretch_start = next_end
 
 
-def judge(records: Sequence[RequestRecord], window: tuple[int, int], rule: SteadyRule, *, ended_by: str | None,
+def judge(records, window: tuple[int, int], rule: SteadyRule, *, ended_by: str | None,
           cap_s: float | None = None, rate: float | None = None, budget: int | None = None) -> SteadyState:
     """Whether a finished level reached a steady state. `ended_by` says what stopped it sending: "steady" (the
     rule held after its duration), "budget", "schedule", "cap", "failures" (its first requests all failed),
     "failing" (most had failed when its duration ran out), "gone" (connections refused in a row), "fd_limit"
     (the client ran out of file descriptors), "duration" (no rule applied), "interrupted"."""
-    measured_records = [r for r in records if not r.warmup]
-    ok = [r for r in measured_records if r.ok]
-    failed = [r for r in measured_records if not r.ok and r.error_kind != "cancelled"]
+    from servelab.bench.metrics import as_tally
+
+    tally = as_tally(records)
+    ok, failed = tally.ok, tally.failed
     ws, we = window
     window_s = max(we - ws, 0) / NS_PER_S
-    inside = sorted(e for r in ok if r.t_end_ns is not None and ws <= r.t_end_ns <= we
-                    if (e := e2e_s(r)) is not None)
-    every = sorted(e for r in ok if (e := e2e_s(r)) is not None)
+    done = list(tally.ok_e2e_s())
+    inside = sorted(e for t, e in done if ws <= t <= we)
+    every = sorted(e for _, e in done)
     p50 = percentile(inside or every, 50) if (inside or every) else None
     capped = ended_by == "cap"
     measured = holds(window_s, inside, rule) and ended_by not in ("cap", "failures", "failing", "gone", "fd_limit")
@@ -110,7 +111,7 @@ def judge(records: Sequence[RequestRecord], window: tuple[int, int], rule: Stead
         # Completions lag sends by a latency, so they are set against the requests sent early enough to finish
         # inside the window had each taken the level's shortest E2E (its service time without a queue).
         if every:
-            due = sum(1 for r in measured_records if r.t_send_ns + every[0] * NS_PER_S <= we)
+            due = sum(1 for t in tally.t_send if t + every[0] * NS_PER_S <= we)
             if due >= KEEP_UP_MIN_DUE:
                 steady.kept_up = len(inside) >= KEEP_UP_FRACTION * due
     if measured:
@@ -122,9 +123,9 @@ def judge(records: Sequence[RequestRecord], window: tuple[int, int], rule: Stead
                "fd_limit": "the client ran out of file descriptors (`ulimit -n`), so the level stopped early: the "
                            "load asked for could not be offered"}
     if ended_by in ("gone", "fd_limit"):
-        reason = f"{stopped[ended_by]} ({len(ok)} succeeded, {len(failed)} failed)"
+        reason = f"{stopped[ended_by]} ({ok} succeeded, {failed} failed)"
     elif not ok and failed:
-        reason = f"no request succeeded ({len(failed)} failed)"
+        reason = f"no request succeeded ({failed} failed)"
         if ended_by in stopped:
             reason += f": {stopped[ended_by]}"
     else:
