@@ -254,6 +254,12 @@ def bench_cmd(
              "`: ping` comments do not reset it (default 60).")] = None,
     timeout_total: Annotated[Optional[float], typer.Option(
         help="Per-request deadline, seconds: the whole request (default 900).")] = None,
+    workers: Annotated[Optional[str], typer.Option(
+        help="Send from this many worker processes (or auto: enough to keep each within what `servelab "
+             "selftest` timed accurately), one coordinator owning the schedule and the figures.")] = None,
+    ray: Annotated[Optional[str], typer.Option(
+        help="Place the --workers as Ray actors on a Ray cluster: auto (the cluster `ray start` made here) or "
+             "its address. Needs `pip install servelab[ray]`.")] = None,
     api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -280,7 +286,7 @@ def bench_cmd(
         min_tokens=min_tokens, slo=slo, search=search, max_rate=max_rate, max_probes=max_probes, seed=seed,
         api_key=api_key, tokenizer=tokenizer, min_requests=min_requests, max_level_duration=max_level_duration,
         max_error_rate=max_error_rate, timeout_connect=timeout_connect, timeout_first_byte=timeout_first_byte,
-        timeout_idle=timeout_idle, timeout_total=timeout_total))
+        timeout_idle=timeout_idle, timeout_total=timeout_total, workers=workers, ray=ray))
     ui = _out_console(as_json)
     if out is not None:  # a damaged store stops the run before it measures anything (issue 11 item 12)
         stored_in = store or default_store_path(out)

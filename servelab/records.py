@@ -303,6 +303,27 @@ class Summary(BaseModel):
     turns: list[TurnFigures] = Field(default_factory=list)
 
 
+class WorkerProvenance(BaseModel):
+    """One load-generating worker of a bench run with --workers or --ray (bench/workers/; docs/metrics.md#clocks):
+    where it ran and where its clock stood against the coordinator's. Record times are the worker's own clock
+    moved by `applied_offset_ns` (0 when the worker shares the coordinator's clock: same host, same boot)."""
+
+    id: int
+    backend: str  # "process" (a child process on this host) or "ray" (a Ray actor)
+    host: str | None = None
+    pid: int | None = None
+    node: str | None = None  # the Ray node it was placed on
+    shared_clock: bool = False  # same host and boot as the coordinator: one CLOCK_MONOTONIC
+    applied_offset_ns: int = 0  # subtracted from the worker's times: worker clock - coordinator clock
+    clock_offset_ns: int | None = None  # measured at the start (ping exchange with the shortest round trip)
+    clock_error_ns: int | None = None  # its bound: half that round trip
+    clock_offset_end_ns: int | None = None  # measured again at the end (drift = end - start)
+    clock_error_end_ns: int | None = None
+    requests: int = 0  # requests handed to it
+    status: Literal["ok", "died"] = "ok"
+    died: str | None = None  # why, when it died
+
+
 class BenchResult(BaseModel):
     schema_version: int = SCHEMA_VERSION
     url: SafeUrl
@@ -319,6 +340,8 @@ class BenchResult(BaseModel):
     search: dict[str, Any] | None = None
     # About the whole bench rather than one level, e.g. a --model the server does not list.
     warnings: list[str] = Field(default_factory=list)
+    # The load-generating workers when the bench used --workers or --ray (empty: this process alone).
+    workers: list[WorkerProvenance] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -418,6 +441,8 @@ class Provenance(BaseModel):
     # How busy the host was when the run began: a short look by the same definitions as a level's environment
     # (docs/metrics.md#environment), the engine's tree excluded once it runs. None: not measured (older files).
     host_load: EnvironmentSummary | None = None
+    # Every load-generating worker (--workers, --ray): its host, pid and clock offset. Empty: one process.
+    workers: list[WorkerProvenance] = Field(default_factory=list)
 
 
 class SingleAndSweep:

@@ -57,14 +57,15 @@ REASON_UNSEEN_MIN_CORES = 0.1  # other CPU that no visible process accounts for,
 
 def contention_reasons(*, other_cores: float | None, steal_pct: float | None, client_cores: float | None,
                        top_others: Sequence[TopProcess] = (), other_includes_engine: bool = False,
-                       client_includes_engine: bool = False) -> list[str]:
+                       client_includes_engine: bool = False, client_processes: int = 1) -> list[str]:
     """Why a level was contended, one sentence per reason with its figures; empty when it was quiet.
 
     `other_cores`, `steal_pct` and `client_cores` are the level's means. When the engine runs on this host but its
     processes could not be found (`other_includes_engine`), "other" holds the engine's CPU too and the
     other-processes rule cannot be applied; when the server runs inside servelab's own process
     (`client_includes_engine`, a test's in-process server), the client's CPU is the server's too and the client rule
-    cannot be applied."""
+    cannot be applied. With worker processes (`client_processes` > 1: bench --workers) the client rule applies to
+    their mean: a pool is saturated when its processes are, on average."""
     reasons: list[str] = []
     if other_cores is not None and other_cores >= OTHER_CORES_LIMIT and not other_includes_engine:
         named = [p for p in top_others if p.cores >= REASON_OTHER_MIN_CORES][:REASON_OTHERS]
@@ -79,8 +80,11 @@ def contention_reasons(*, other_cores: float | None, steal_pct: float | None, cl
     if steal_pct is not None and steal_pct >= STEAL_PCT_LIMIT:
         reasons.append(f"CPU steal averaged {steal_pct:.1f} % of host CPU time (the hypervisor ran something "
                        f"else on this machine's CPUs)")
-    if client_cores is not None and client_cores >= CLIENT_CORES_LIMIT and not client_includes_engine:
-        reasons.append(f"the client (this servelab process) used {client_cores:.2f} cores on average: the load "
+    processes = max(client_processes, 1)
+    if client_cores is not None and client_cores / processes >= CLIENT_CORES_LIMIT and not client_includes_engine:
+        who = ("the client (this servelab process)" if processes == 1 else
+               f"the client ({processes} servelab processes, {client_cores / processes:.2f} cores each)")
+        reasons.append(f"{who} used {client_cores:.2f} cores on average: the load "
                        f"generator, not the server, may have set the pace")
     return reasons
 
@@ -332,6 +336,10 @@ class EnvironmentSampler:
         self.note: str | None = None
         self.other_includes_engine = False
         self.client_includes_engine = False
+        # Worker processes of this bench on this host (bench --workers): their CPU is the client's.
+        self._client_procs: dict[int, psutil.Process] = {}
+        self._client_last: dict[int, float] = {}
+        self._client_extra_s = 0.0
         roots = [p for p in dict.fromkeys(int(p) for p in engine_pids)]
         if not roots and url:
             roots = self._engine_from_url(url)
@@ -396,6 +404,35 @@ class EnvironmentSampler:
                 self._drop(pid)
         self._last_refresh = time.monotonic()
 
+    def add_client_pids(self, pids: Iterable[int]) -> None:
+        """These processes are part of the client (bench --workers): their CPU counts as the client's, from now."""
+        with self._lock:
+            for pid in pids:
+                if pid == self._me or pid in self._client_procs:
+                    continue
+                try:
+                    proc = psutil.Process(pid)
+                    self._client_last[pid] = _proc_cpu(proc)
+                except (psutil.Error, OSError):
+                    continue
+                self._client_procs[pid] = proc
+
+    @property
+    def client_processes(self) -> int:
+        return 1 + len(self._client_procs)
+
+    def _client_cpu(self) -> float:
+        """This process's CPU seconds, plus what its worker processes used since they were added (a worker that
+        exited keeps what was read of it)."""
+        for pid, proc in list(self._client_procs.items()):
+            try:
+                now = _proc_cpu(proc)
+            except (psutil.Error, OSError):
+                continue
+            self._client_extra_s += max(0.0, now - self._client_last.get(pid, now))
+            self._client_last[pid] = now
+        return time.process_time() + self._client_extra_s
+
     def _drop(self, pid: int) -> None:
         self._members.pop(pid, None)
         self._last_cpu.pop(pid, None)
@@ -427,7 +464,7 @@ class EnvironmentSampler:
         util, clock = self._gpus.read()
         return Reading(t=time.monotonic(), host=host, cpus=cpus, load1=load1,
                        run_queue=max(0, running - 1) if running is not None else None,  # minus the looker
-                       client_s=time.process_time(), engine_s=self._engine_cpu(), gpu_util=util, gpu_clock=clock)
+                       client_s=self._client_cpu(), engine_s=self._engine_cpu(), gpu_util=util, gpu_clock=clock)
 
     def sample(self) -> Reading:
         """Take one reading now (the thread calls this; so do start_level and end_level)."""
@@ -480,12 +517,13 @@ class EnvironmentSampler:
         return summarize_readings(readings, interval_s=self.interval_s, top_others=top,
                                   engine_pids=self.engine_roots, note=self.note,
                                   other_includes_engine=self.other_includes_engine,
-                                  client_includes_engine=self.client_includes_engine)
+                                  client_includes_engine=self.client_includes_engine,
+                                  client_processes=self.client_processes)
 
     def _top_others(self, seen: dict[int, _Seen], duration_s: float | None) -> list[TopProcess]:
         if not duration_s or not self._level_scan:
             return []
-        mine = {self._me, *self._members, *self.engine_roots}
+        mine = {self._me, *self._members, *self.engine_roots, *self._client_procs}
         out: list[TopProcess] = []
         for pid, now in seen.items():
             if pid in mine:
@@ -542,7 +580,7 @@ def _scan_parents() -> dict[int, int]:
 def summarize_readings(readings: Sequence[Reading], *, interval_s: float | None = None,
                        top_others: Sequence[TopProcess] = (), engine_pids: Sequence[int] = (),
                        note: str | None = None, other_includes_engine: bool = False,
-                       client_includes_engine: bool = False) -> EnvironmentSummary:
+                       client_includes_engine: bool = False, client_processes: int = 1) -> EnvironmentSummary:
     """A level's EnvironmentSummary from its readings (definitions: docs/metrics.md#environment). Means are
     over the whole span (totals ÷ time), maxima over the intervals between consecutive readings."""
     env = EnvironmentSummary(samples=len(readings), interval_s=interval_s, top_others=list(top_others),
@@ -590,7 +628,8 @@ def summarize_readings(readings: Sequence[Reading], *, interval_s: float | None 
     env.reasons = contention_reasons(other_cores=env.other_cpu_cores_mean, steal_pct=env.steal_pct,
                                      client_cores=env.client_cpu_cores_mean, top_others=env.top_others,
                                      other_includes_engine=other_includes_engine,
-                                     client_includes_engine=client_includes_engine)
+                                     client_includes_engine=client_includes_engine,
+                                     client_processes=client_processes)
     env.contended = bool(env.reasons)
     return env
 

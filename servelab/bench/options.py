@@ -20,6 +20,7 @@ from servelab.bench.plans import PLAN_MODES, LoadPlan
 from servelab.bench.runner import BenchOptions
 from servelab.bench.slo import parse_slos
 from servelab.bench.steady import SteadyRule
+from servelab.bench.workers import parse_workers
 from servelab.bench.workloads import (CHAT, COMPLETIONS, DATASET_FORMATS, OutputSpec, SharedPrefixWorkload,
                                       SyntheticWorkload, Workload, load_dataset, parse_length)
 from servelab.errors import UserError
@@ -77,6 +78,8 @@ class BenchArgs:
     timeout_first_byte: float | None = None
     timeout_idle: float | None = None  # since the last SSE data event (comments do not count)
     timeout_total: float | None = None
+    workers: str | None = None  # "N" or "auto": send from worker processes (bench/workers/)
+    ray: str | None = None  # "auto" or a Ray cluster's address: the workers as Ray actors
     # Multi-turn conversations and trace replay (issue 16; bench/conversation_plans.py)
     users: int | None = None  # multiturn, closed loop: simulated users
     turns: int = 6  # synthetic conversations: user turns each
@@ -133,7 +136,20 @@ def build_options(a: BenchArgs) -> BenchOptions:
                         level_duration_s=level_duration_s,
                         max_concurrency=a.max_concurrency or DEFAULT_SWEEP_MAX_CONCURRENCY, api_key=a.api_key,
                         plan=plan, tokenizer=a.tokenizer, steady=rule,
-                        max_error_rate=a.max_error_rate, deadlines=build_deadlines(a))
+                        max_error_rate=a.max_error_rate, deadlines=build_deadlines(a),
+                        workers=parse_workers(a.workers), ray=check_ray(a.ray, a.workers))
+
+
+def check_ray(ray: str | None, workers: str | None) -> str | None:
+    """--ray auto|ADDRESS needs --workers (a number, or auto: one per CPU of the cluster but one)."""
+    if ray is None:
+        return None
+    ray = ray.strip()
+    if not ray:
+        raise UserError("--ray needs auto or a Ray cluster's address (HOST:PORT, or ray://HOST:PORT)")
+    if workers is None:
+        raise UserError("--ray places worker processes: say how many with --workers N (or --workers auto)")
+    return ray
 
 
 def build_deadlines(a: BenchArgs) -> Deadlines:

@@ -35,6 +35,7 @@ from servelab.bench.steady import SteadyRule, is_measured
 from servelab.bench.selftest import SelftestResult, ceiling_warning, load_ceiling
 from servelab.bench.tokens import recount_with_tokenizer
 from servelab.bench.workload import Workload
+from servelab.bench.workers import WorkerPool, auto_workers, open_pool, streams_needed_most
 from servelab.bench.workloads import WorkloadSource
 from servelab.engines.detect import detect_engine
 from servelab.errors import UserError
@@ -74,6 +75,10 @@ class BenchOptions:
     # sweep: exactly these concurrencies, no stop rule (later trials of a cell repeat the first trial's levels,
     # so the trials measure the same loads); None: 1, 2, 4, … until throughput stops growing.
     sweep_levels: list[int] | None = None
+    # Send from worker processes (a number, or "auto": bench/workers/) instead of this process; with `ray`
+    # ("auto" or a cluster's address) the workers are Ray actors placed across that cluster. None: this process.
+    workers: int | str | None = None
+    ray: str | None = None
 
 
 @dataclass
@@ -128,7 +133,8 @@ class BenchState:
                              ({"load_plan": self.options.plan.describe(self.options.mode)}
                               if self.options.mode in PLAN_MODES else {}),
                              levels=levels, stop_reason=self.stop_reason, interrupted=interrupted,
-                             search=self.search, warnings=list(self.warnings))
+                             search=self.search, warnings=list(self.warnings),
+                             workers=self.client.provenance() if isinstance(self.client, WorkerPool) else [])
         result.headline = headline(result)
         return result
 
@@ -301,8 +307,10 @@ async def run_bench(state: BenchState) -> BenchResult:
                     accepts_min_tokens=state.accepts_min_tokens)
     async with EnvironmentSampler(opts.engine_pids, url=state.url) as environment, \
             MetricsWatcher(state.url, adapter.metric_names if adapter else {}, headers=headers) as watcher, \
-            StreamClient(state.url, client_opts) as client:
+            open_client(state, client_opts) as client:
         state.watcher, state.client, state.environment = watcher, client, environment
+        if isinstance(client, WorkerPool):  # the workers' CPU on this host is the client's, not other load
+            environment.add_client_pids(client.local_pids)
         try:
             if opts.mode == "single":
                 await warm_up(state, client, target, tag="single")
@@ -318,6 +326,19 @@ async def run_bench(state: BenchState) -> BenchResult:
         except BenchStopped as exc:
             state.stop_reason = f"stopped: {exc}"
     return state.result()
+
+
+def open_client(state: BenchState, client_opts: ClientOptions) -> StreamClient | WorkerPool:
+    """This process's StreamClient, or with --workers/--ray a pool of workers that the load modes use the same
+    way (bench/workers/coordinator.py)."""
+    opts = state.options
+    if opts.workers is None and opts.ray is None:
+        return StreamClient(state.url, client_opts)
+    workers = opts.workers or 1
+    if workers == "auto" and opts.ray is None:  # under Ray, auto is the cluster's CPUs (ray_backend.py)
+        ceiling = state.client_ceiling.ceiling_streams if state.client_ceiling else None
+        workers = auto_workers(streams_needed_most(opts), ceiling)
+    return open_pool(state.url, client_opts, workers, ray=opts.ray, on_warning=state.warnings.append)
 
 
 async def warm_up(state: BenchState, client: StreamClient, target: Target, tag: str) -> None:

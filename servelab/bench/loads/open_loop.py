@@ -69,13 +69,16 @@ async def run_rate(client: StreamClient, workload, target: Target, recorder: Rec
         control.finished(record)
 
     tasks: list[asyncio.Task] = []
+    # A pool of workers (bench/workers/) takes each request this long before its time and holds it until then
+    # on the worker's clock; this process's own client sends at the time (lead 0).
+    lead_ns = getattr(client, "dispatch_lead_ns", 0)
     start_ns = time.perf_counter_ns() + START_LEAD_NS
     control.begin(start_ns)
     watcher = asyncio.create_task(control.watch())
     try:
         for k, offset in enumerate(offsets):
             due_ns = start_ns + offset
-            await _sleep_until(due_ns, control)
+            await _sleep_until(due_ns - lead_ns, control)
             if not control.may_send(due_ns):
                 break
             spec = prebuilt[k] if k < len(prebuilt) else make_spec(workload, target, recorder, tag)
