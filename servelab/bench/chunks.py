@@ -41,9 +41,9 @@ class ChunkView:
     finish_reason: str | None = None
     usage: Usage | None = None
     running_count: int | None = None  # the server's running count of generated tokens, if this chunk has one
-    cache_n: int | None = None  # llama.cpp's timings.cache_n: prompt tokens served from its cache
     has_choices: bool = False
     error: str | None = None
+    cache_n: int | None = None  # llama.cpp's timings.cache_n: prompt tokens served from its cache
 
 
 def parse_usage(obj: Any) -> Usage | None:
