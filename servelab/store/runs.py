@@ -39,6 +39,7 @@ def save_bench(store: Store, result: BenchResult, records: Sequence[RequestRecor
     summary = RunSummary(run_id=run_id, status=status, error=error, trials=[trial], headline=dict(result.headline),
                          provenance=build_provenance(engine=result.workload.get("engine_detected"),
                                                      model=result.model))
+    summary.provenance.workers = list(result.workers)  # --workers/--ray: every worker's host and clock offset
     save_run(store, summary, records, run_dir)
     return summary
 

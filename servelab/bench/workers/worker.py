@@ -57,9 +57,9 @@ async def serve(host: str, port: int, worker_id: int, token: str, about: dict[st
         nonlocal sent
         assert client is not None
         try:
-            if scheduled_ns is not None:  # held until its time, on this worker's clock
-                delay = scheduled_ns - time.perf_counter_ns()
-                if delay > 0:
+            if scheduled_ns is not None:  # held until its time, on this worker's clock, never sent early
+                # (the event loop's timers are millisecond-grained and may fire a little before the time asked)
+                while (delay := scheduled_ns - time.perf_counter_ns()) > 0:
                     await asyncio.sleep(delay / NS_PER_S)
         except asyncio.CancelledError:
             tasks.pop(rid, None)
