@@ -147,6 +147,11 @@ def up(
         raise typer.Exit(1)
 
 
+JunitOpt = Annotated[Optional[Path], typer.Option(
+    "--junit", help="Also write the checks as JUnit XML (one test case per check) for CI test reports.",
+    metavar="FILE")]
+
+
 @app.command("verify")
 def verify_cmd(
     url: Annotated[str, typer.Argument(help="Base URL of an OpenAI-compatible server.")],
@@ -156,6 +161,7 @@ def verify_cmd(
     timeout: Annotated[float, typer.Option(help="Deadline per check, seconds.")] = 30.0,
     concurrency: Annotated[int, typer.Option(help="Simultaneous requests in the concurrency checks.")] = 4,
     api_key: ApiKeyOpt = None,
+    junit: JunitOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Functional and OpenAI-compatibility checks against a running server."""
@@ -168,6 +174,10 @@ def verify_cmd(
         print(result.model_dump_json(indent=2))
     else:
         render_checks(console, result)
+    if junit is not None:
+        from servelab.verify.junit import write_junit
+
+        err_console.print(f"junit: {write_junit(junit, [(result.url, result)])}", highlight=False)
     if result.failed:
         raise typer.Exit(1)
 
@@ -440,6 +450,7 @@ def run_cmd(
     max_concurrency: Annotated[Optional[int], typer.Option(help="Highest concurrency the sweep tries.")] = None,
     trials: Annotated[Optional[int], typer.Option(help="Trials per cell, interleaved between cells (the default "
                                                        "experiment: 3); verdicts need them to agree.")] = None,
+    junit: JunitOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run an experiment: every cell in turn (up, verify, bench single-stream and sweep, down), then compare them.
@@ -465,6 +476,12 @@ def run_cmd(
     result = run_experiment(spec, options, _out_console(as_json))
     if as_json:
         print(result.model_dump_json(indent=2))
+    if junit is not None:  # each cell's verify step, one test suite per cell
+        from servelab.verify.junit import write_junit
+
+        names = {c.run_id: c.name for c in result.cells}
+        suites = [(names.get(s.run_id, s.run_id), s.verify) for s in result.runs if s.verify is not None]
+        err_console.print(f"junit: {write_junit(junit, suites, f'servelab run {result.name}')}", highlight=False)
     for line in result.write_errors:  # a full or read-only disk, a store that failed: what was not kept
         err_console.print(f"error: {line}", markup=False, highlight=False)
     if result.status == "interrupted":

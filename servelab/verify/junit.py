@@ -1,0 +1,121 @@
+"""Verify results as JUnit XML, the test report format CI systems read (GitLab's test reports, Jenkins' junit and
+xunit steps, GitHub test-reporter actions).
+
+One <testsuite> per verified server (a `verify` call, or each cell of `run`), one <testcase> per check that ran:
+
+- pass: an empty test case;
+- fail: <failure type="fail" message=REASON>, so the CI marks the test failed;
+- warn: a passing test case (verify exits 0 on warnings, and so should the CI's test count) whose system-err says
+  "WARNING: REASON", so the reason is shown beside the test;
+- skip: <skipped message=REASON>.
+
+Every test case's <system-out> holds the reason, the request sent (JSON) and the response excerpt, which is what
+Jenkins and GitLab show for a test. Checks not selected (--only/--skip) are not test cases, as they are not rows of
+the terminal table.
+
+Text a server wrote can hold characters XML 1.0 cannot carry (NUL, ESC, lone surrogates): they are written as
+`\\xNN` escapes, so the file always parses. Secrets were already redacted from the results (redaction.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+
+from servelab.records import CheckResult, VerifyResult
+
+NOT_SELECTED = "not selected"  # verify/runner.py's reason for a check --only or --skip left out
+
+# Characters XML 1.0 does not allow in a document, whatever the escaping.
+_INVALID = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_text(value: object) -> str:
+    return _INVALID.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
+                        str(value))
+
+
+def _seconds(ms: float | None) -> str:
+    return f"{max(ms or 0.0, 0.0) / 1000:.3f}"
+
+
+def _classname(result: VerifyResult, suite: str) -> str:
+    # Dots group test cases in Jenkins ("package.class"); a URL's dots and colons would split it oddly.
+    words = re.sub(r"[^A-Za-z0-9_-]+", "_", suite).strip("_") or "server"
+    return f"servelab.verify.{words}"
+
+
+def case_output(check: CheckResult) -> str:
+    parts = [f"{check.outcome.upper()}: {check.reason}"]
+    if check.request is not None:
+        parts.append("request:\n" + json.dumps(check.request, indent=2, ensure_ascii=False, default=str))
+    if check.response_excerpt:
+        parts.append("response excerpt:\n" + check.response_excerpt)
+    return "\n\n".join(parts) + "\n"
+
+
+def testsuite(result: VerifyResult, name: str, index: int = 0, timestamp: float | None = None) -> ET.Element:
+    checks = [c for c in result.checks if not (c.outcome == "skip" and c.reason == NOT_SELECTED)]
+    failures = sum(1 for c in checks if c.outcome == "fail")
+    skipped = sum(1 for c in checks if c.outcome == "skip")
+    total_ms = sum(c.duration_ms or 0.0 for c in checks)
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(timestamp if timestamp is not None else time.time()))
+    suite = ET.Element("testsuite", {
+        "name": xml_text(name), "tests": str(len(checks)), "failures": str(failures), "errors": "0",
+        "skipped": str(skipped), "time": _seconds(total_ms), "timestamp": when,
+        "hostname": xml_text(socket.gethostname() or "localhost"), "id": str(index), "package": "servelab.verify"})
+    props = ET.SubElement(suite, "properties")
+    for key, value in (("url", result.url), ("model", result.model or "")):
+        ET.SubElement(props, "property", {"name": key, "value": xml_text(value)})
+    classname = _classname(result, name)
+    for check in checks:
+        case = ET.SubElement(suite, "testcase", {"name": xml_text(f"{check.id}: {check.title}"),
+                                                 "classname": classname, "time": _seconds(check.duration_ms)})
+        reason = xml_text(check.reason)
+        if check.outcome == "fail":
+            ET.SubElement(case, "failure", {"type": "fail", "message": reason}).text = xml_text(case_output(check))
+        elif check.outcome == "skip":
+            ET.SubElement(case, "skipped", {"message": reason})
+        ET.SubElement(case, "system-out").text = xml_text(case_output(check))
+        if check.outcome == "warn":
+            ET.SubElement(case, "system-err").text = f"WARNING: {reason}\n"
+    return suite
+
+
+def junit_document(suites: Sequence[tuple[str, VerifyResult]], name: str = "servelab verify") -> bytes:
+    """A <testsuites> document of one suite per (name, result)."""
+    root = ET.Element("testsuites", {"name": xml_text(name)})
+    elements = [testsuite(result, suite_name, i) for i, (suite_name, result) in enumerate(suites)]
+    for key in ("tests", "failures", "errors"):
+        root.set(key, str(sum(int(e.get(key, "0")) for e in elements)))
+    root.set("time", f"{sum(float(e.get('time', '0')) for e in elements):.3f}")
+    root.extend(elements)
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
+
+
+def write_junit(path: Path, suites: Sequence[tuple[str, VerifyResult]], name: str = "servelab verify") -> Path:
+    """Write the document atomically (a CI never reads half a file); a UserError naming the path if it cannot."""
+    from servelab.errors import UserError
+    from servelab.store.rundir import os_error_words
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if path.parent and not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(junit_document(suites, name))
+        tmp.replace(path)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise UserError(f"cannot write the JUnit file {path}: {os_error_words(exc)}") from None
+    return path
