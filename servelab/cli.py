@@ -187,8 +187,10 @@ def bench_cmd(
     url: Annotated[str, typer.Argument(help="Base URL of an OpenAI-compatible server.")],
     mode: Annotated[str, typer.Option(help="single (one request at a time), sweep (concurrency 1, 2, 4, … until "
                                            "throughput stops growing), concurrency (one closed-loop level), rate "
-                                           "(one open-loop level), rate-sweep, or slo-search (the highest load "
-                                           "that meets --slo).")] = "single",
+                                           "(one open-loop level), rate-sweep, slo-search (the highest load "
+                                           "that meets --slo), multiturn (conversations whose history grows "
+                                           "turn by turn) or replay (a trace's arrival times and "
+                                           "lengths).")] = "single",
     model: ModelOpt = None,
     requests: Annotated[Optional[int], typer.Option(help="Measured requests: in single mode (default 8), or per "
                                                          "level in the other modes.")] = None,
@@ -198,7 +200,8 @@ def bench_cmd(
     max_concurrency: Annotated[Optional[int], typer.Option(
         help="sweep / slo-search --search concurrency: highest concurrency tried (default 64); rate modes: cap "
              "on requests in flight.")] = None,
-    endpoint: Annotated[str, typer.Option(help="chat or completions.")] = "chat",
+    endpoint: Annotated[Optional[str], typer.Option(help="chat or completions (default chat; replay: "
+                                                         "completions).")] = None,
     concurrency: Annotated[Optional[int], typer.Option(help="Streams for --mode concurrency (slo-search: the "
                                                             "first concurrency tried).")] = None,
     rate: Annotated[Optional[str], typer.Option(help="Requests/s for --mode rate; a list (1,2,4) for "
@@ -214,7 +217,8 @@ def bench_cmd(
     dataset: Annotated[Optional[Path], typer.Option(help="Prompts from a file: ShareGPT JSON or JSONL "
                                                          "({\"prompt\"} or {\"messages\"} per line).")] = None,
     dataset_format: Annotated[Optional[str], typer.Option(help="sharegpt or jsonl (default: from the file "
-                                                               "extension).")] = None,
+                                                               "extension); replay: mooncake, azure or "
+                                                               "burstgpt.")] = None,
     output_from_dataset: Annotated[bool, typer.Option(help="Output length from the dataset's answers "
                                                            "(ShareGPT's gpt turn, in tokens).")] = False,
     input_tokens: Annotated[Optional[str], typer.Option(
@@ -226,6 +230,23 @@ def bench_cmd(
                                                               "shares.")] = None,
     prefix_group_size: Annotated[int, typer.Option(help="Shared-prefix prompts: consecutive requests per "
                                                         "group.")] = 8,
+    users: Annotated[Optional[int], typer.Option(help="multiturn, closed loop: simulated users, each walking "
+                                                      "through conversations (default 1).")] = None,
+    turns: Annotated[int, typer.Option(help="multiturn, synthetic conversations: user turns each (each "
+                                            "--input-tokens long, default 64, after a shared system prompt of "
+                                            "--prefix-tokens, default 128).")] = 6,
+    think_time: Annotated[Optional[str], typer.Option(help="multiturn: a user's pause between an answer and "
+                                                           "the next turn, seconds: 2, exp:MEAN or "
+                                                           "uniform:LO..HI (default 0).")] = None,
+    history: Annotated[str, typer.Option(help="multiturn: earlier answers sent back as the server gave them "
+                                              "(server) or as the dataset recorded them (dataset).")] = "server",
+    conversations: Annotated[Optional[int], typer.Option(help="multiturn: conversations per level (default "
+                                                              "one per user; open loop: rate x "
+                                                              "duration).")] = None,
+    time_scale: Annotated[float, typer.Option(help="replay: trace seconds x this = replay seconds (0.1: ten "
+                                                   "times as fast).")] = 1.0,
+    block_tokens: Annotated[Optional[int], typer.Option(help="replay: prompt tokens per Mooncake hash id "
+                                                             "(default 512).")] = None,
     ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly --max-tokens tokens (where the engine "
                                                   "accepts ignore_eos).")] = True,
     min_tokens: Annotated[Optional[int], typer.Option(help="Ask for at least this many output tokens (where "
@@ -289,6 +310,8 @@ def bench_cmd(
         raise UserError("--csv writes next to the run's JSON: give --out DIR too")
     options = build_options(BenchArgs(
         mode=mode, model=model, requests=requests, duration=duration, max_tokens=max_tokens,
+        users=users, turns=turns, think_time=think_time, history=history, conversations=conversations,
+        time_scale=time_scale, block_tokens=block_tokens,
         max_concurrency=max_concurrency, endpoint=endpoint, concurrency=concurrency, rate=rate, arrival=arrival,
         burstiness=burstiness, warmup=warmup, dataset=dataset, dataset_format=dataset_format,
         output_from_dataset=output_from_dataset, input_tokens=input_tokens, prefix_groups=prefix_groups,

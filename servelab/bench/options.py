@@ -48,7 +48,7 @@ class BenchArgs:
     duration: float | None = None
     max_tokens: int = 128
     max_concurrency: int | None = None
-    endpoint: str = "chat"
+    endpoint: str | None = "chat"  # None: not given (chat; a trace replay: completions)
     concurrency: int | None = None
     rate: str | None = None  # "4" or "1,2,4" (rate-sweep)
     arrival: str | None = None
@@ -93,7 +93,7 @@ class BenchArgs:
 def build_options(a: BenchArgs) -> BenchOptions:
     if a.mode not in MODES:
         raise UserError(f"unknown mode '{a.mode}'", hint=f"use --mode {', '.join(MODES)}")
-    if a.endpoint not in ("chat", "completions"):
+    if a.endpoint not in (None, "chat", "completions"):
         raise UserError(f"unknown endpoint '{a.endpoint}'", hint="use --endpoint chat or --endpoint completions")
     _positive(requests=a.requests, duration=a.duration, max_tokens=a.max_tokens,
               max_concurrency=a.max_concurrency, concurrency=a.concurrency, prefix_groups=a.prefix_groups,
@@ -233,7 +233,7 @@ def build_plan(a: BenchArgs, slos) -> LoadPlan:
 
 
 def build_workload(a: BenchArgs):
-    endpoint = CHAT if a.endpoint == "chat" else COMPLETIONS
+    endpoint = COMPLETIONS if a.endpoint == "completions" else CHAT
     output = OutputSpec(max_tokens=a.max_tokens, ignore_eos=a.ignore_eos, min_tokens=a.min_tokens)
     if a.mode in ("multiturn", "replay"):
         from servelab.bench.workloads.multi import build_multi_workload
