@@ -542,10 +542,13 @@ def selftest(
         return
     rows = [[str(lv.streams), f"{lv.events_s:,.0f}", f"{lv.tokens_s:,.0f}", f"{lv.requests_s:,.1f}",
              f"{lv.error_ms_p50:.3f}", f"{lv.error_ms_p99:.3f}", f"{lv.error_ms_max:.2f}",
+             "–" if lv.server_late_ms_p99 is None else f"{lv.server_late_ms_p99:.2f}",
+             "–" if lv.server_cpu_cores is None else f"{lv.server_cpu_cores:.2f}",
              Text("yes") if lv.within_tolerance else Text("no", style="red")] for lv in result.levels]
     print_table(console, f"client timing accuracy (tolerance {tolerance:g} ms at p99)",
                 [Col("streams"), Col("events/s"), Col("tokens/s"), Col("req/s"), Col("error\np50 ms"),
-                 Col("error\np99 ms"), Col("max ms"), Col("ok")], rows)
+                 Col("error\np99 ms"), Col("max ms"), Col("server late\np99 ms"), Col("server\ncores"),
+                 Col("ok")], rows)
     if result.ceiling_streams:
         console.print(f"ceiling: {result.ceiling_streams} streams, {result.ceiling_events_s:,.0f} events/s, "
                       f"{result.ceiling_tokens_s:,.0f} tok/s within {tolerance:g} ms (saved to {path}; bench warns "
@@ -553,6 +556,8 @@ def selftest(
     else:
         console.print("[yellow]even one stream exceeded the tolerance: this machine is too busy to time "
                       "accurately[/yellow]")
+    if result.limit:
+        console.print(f"limit: the {result.limit} ({result.limit_reason})", markup=False, highlight=False)
 
 
 @app.command("doctor")

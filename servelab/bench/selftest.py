@@ -5,8 +5,11 @@ client records when it read each event; both use the system-wide monotonic clock
 client's timing error for that event (loopback delivery plus the client's own lag). Load rises stream by stream
 (1, 2, 4, … concurrent streams, each at a fixed events/s) until the error's p99 exceeds the tolerance (1 ms by
 default). The last level within tolerance is the client's ceiling, saved so `bench` can warn when a run asks for
-load near it. The server shares this machine (its cheap `ticker` writer), so the ceiling is that of client +
-server here: a conservative figure for the client alone.
+load near it. The server shares this machine (its cheap `ticker` writer; on four CPUs or more, two server
+processes sharing the port), so the ceiling is that of client + server here: a conservative figure for the client
+alone. Each level also says how late the server's own writes were against their schedule and how busy its
+processes were, and the result names which side was the limit at the first level out of tolerance: the server
+(its writes fell behind, or its processes were saturated) or the client.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ class SelftestLevel(BaseModel):
     error_ms_max: float
     failed: int
     within_tolerance: bool
+    # The server's side: how late its token writes went out against their targets (p99, ms), and the CPU its
+    # processes used over the level (cores; all of them together).
+    server_late_ms_p99: float | None = None
+    server_cpu_cores: float | None = None
 
 
 class SelftestResult(BaseModel):
@@ -52,6 +59,10 @@ class SelftestResult(BaseModel):
     ceiling_events_s: float | None
     host_cpu: str | None
     cpu_count: int | None
+    server_processes: int = 1
+    # Which side ran out at the first level out of tolerance: "client", "server", or None (none was).
+    limit: str | None = None
+    limit_reason: str | None = None
 
 
 def cache_path() -> Path:
@@ -66,6 +77,19 @@ def load_ceiling() -> SelftestResult | None:
         return None
 
 
+def _cpu_s(pids: list[int]) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except (psutil.Error, OSError):
+            pass
+    return total
+
+
 async def _level(handle: CalibrationHandle, streams: int, *, itl_ms: float, tokens_per_event: int,
                  events_per_request: int, duration_s: float) -> SelftestLevel:
     script = {"ttft_ms": 0, "itl_ms": itl_ms, "tokens_per_event": tokens_per_event,
@@ -75,6 +99,7 @@ async def _level(handle: CalibrationHandle, streams: int, *, itl_ms: float, toke
     opts = ClientOptions(stream_extras={"timings_per_token": True}, deadlines=Deadlines(idle_s=10, total_s=120))
     t0 = time.perf_counter_ns()
     stop = t0 + int(duration_s * 1e9)
+    server_cpu0 = _cpu_s(handle.pids)
 
     async with StreamClient(handle.url, opts) as client:
         async def worker() -> None:
@@ -86,6 +111,7 @@ async def _level(handle: CalibrationHandle, streams: int, *, itl_ms: float, toke
 
         await asyncio.gather(*(worker() for _ in range(streams)))
     elapsed_s = (time.perf_counter_ns() - t0) / 1e9
+    server_cores = (_cpu_s(handle.pids) - server_cpu0) / elapsed_s
     errors: list[float] = []
     events = tokens = failed = 0
     loop = asyncio.get_running_loop()
@@ -101,21 +127,46 @@ async def _level(handle: CalibrationHandle, streams: int, *, itl_ms: float, toke
         tokens += rec.output_tokens
     errors.sort()
     p99 = percentile(errors, 99) if errors else float("inf")
+    server = await loop.run_in_executor(None, handle.summary, t0)
     return SelftestLevel(
         streams=streams, target_events_s=streams * 1000.0 / itl_ms if itl_ms else float("inf"),
         events_s=events / elapsed_s, tokens_s=tokens / elapsed_s, requests_s=(len(ids) - failed) / elapsed_s,
         error_ms_p50=percentile(errors, 50) if errors else float("inf"), error_ms_p99=p99,
         error_ms_max=errors[-1] if errors else float("inf"), failed=failed,
-        within_tolerance=False)
+        within_tolerance=False, server_late_ms_p99=server.get("late_ms_p99"),
+        server_cpu_cores=round(server_cores, 3))
+
+
+SERVER_BUSY_CORES = 0.9  # per server process: at or above this, the server, not the client, ran out
+
+
+def which_limit(level: SelftestLevel, tolerance_ms: float, processes: int) -> tuple[str, str]:
+    """Which side was the limit at a level out of tolerance, and why: the server when its writes fell behind
+    their schedule by more than the tolerance at p99, or its processes were saturated; the client otherwise
+    (the server kept its schedule, and the client still read the events late)."""
+    late, cores = level.server_late_ms_p99, level.server_cpu_cores
+    if late is not None and late > tolerance_ms:
+        return "server", (f"the calibration server's own writes were {late:.2f} ms late at p99 (its schedule "
+                          f"slipped) at {level.streams} streams")
+    if cores is not None and cores >= SERVER_BUSY_CORES * processes:
+        return "server", (f"the calibration server's {processes} process(es) used {cores:.2f} cores at "
+                          f"{level.streams} streams")
+    return "client", (f"the server kept its schedule ({late if late is not None else float('nan'):.2f} ms late "
+                      f"at p99, {cores if cores is not None else float('nan'):.2f} cores) while the client's "
+                      f"p99 error reached {level.error_ms_p99:.2f} ms at {level.streams} streams")
 
 
 async def run_selftest(*, tolerance_ms: float = 1.0, itl_ms: float = 5.0, tokens_per_event: int = 1,
                        max_streams: int = 256, level_duration_s: float = 2.0, events_per_request: int = 100,
-                       on_level=None) -> SelftestResult:
+                       on_level=None, server_processes: int | None = None) -> SelftestResult:
     levels: list[SelftestLevel] = []
     # Beyond two streams the ticker writer keeps the server's CPU per event well below the client's, so the
-    # ceiling found is the client's rather than the server's (errors are measured against actual write times).
-    with start_calibration_server(writer="auto") as handle, separate_cpus(handle.proc.pid):
+    # ceiling found is the client's rather than the server's (errors are measured against actual write times);
+    # with four CPUs or more two server processes share the port (and two CPUs), so it stays so.
+    cpus = os.cpu_count() or 1
+    processes = server_processes or (2 if cpus >= 4 else 1)
+    with start_calibration_server(writer="auto", processes=processes) as handle, \
+            separate_cpus(handle.pids, server_cpus=processes):
         streams = 1
         while streams <= max_streams:
             level = await _level(handle, streams, itl_ms=itl_ms, tokens_per_event=tokens_per_event,
@@ -129,13 +180,16 @@ async def run_selftest(*, tolerance_ms: float = 1.0, itl_ms: float = 5.0, tokens
             streams *= 2
     good = [lv for lv in levels if lv.within_tolerance]
     best = good[-1] if good else None
+    out = next((lv for lv in levels if not lv.within_tolerance), None)
+    limit, why = which_limit(out, tolerance_ms, processes) if out is not None else (None, None)
     host = host_info()
     return SelftestResult(measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), tolerance_ms=tolerance_ms,
                           tokens_per_event=tokens_per_event, itl_ms=itl_ms, levels=levels,
                           ceiling_streams=best.streams if best else None,
                           ceiling_tokens_s=best.tokens_s if best else None,
                           ceiling_events_s=best.events_s if best else None,
-                          host_cpu=host.cpu_model, cpu_count=host.cpu_cores_logical)
+                          host_cpu=host.cpu_model, cpu_count=host.cpu_cores_logical,
+                          server_processes=processes, limit=limit, limit_reason=why)
 
 
 def save(result: SelftestResult) -> Path:

@@ -249,6 +249,10 @@ class CalibrationServer:
             return percentile(gaps_ms, q) if gaps_ms else None
 
         span_s = (last_ns - first_ns) / 1e9 if first_ns is not None and last_ns is not None else 0.0
+        if request.query.get("raw"):  # for merging the accounts of several server processes (processes=N)
+            return web.json_response({"requests": requests, "tokens": tokens, "gaps_ms": gaps_ms,
+                                      "first_ns": first_ns, "last_ns": last_ns,
+                                      "late_ms": self._lateness(since)})
         return web.json_response({"requests": requests, "tokens": tokens, "itl_ms_mean": mean,
                                   "itl_ms_p50": pct(50), "itl_ms_p90": pct(90), "itl_ms_p99": pct(99),
                                   "itl_samples": len(gaps_ms), "span_s": span_s,
@@ -376,6 +380,12 @@ class CalibrationServer:
         truth.finish("disconnected")
         return web.Response(status=204)  # never written: the transport is gone
 
+    def _lateness(self, since: int) -> list[float]:
+        """How late each token write went out against its target (ms), for requests received since `since`: the
+        server's own lag, which says whether the server kept its schedule (selftest: which side was the limit)."""
+        return [(t - target) / 1e6 for truth in self.truths.values() if truth.request_received_ns >= since
+                for t, target, _, _ in truth.events if target is not None]
+
     def _keep(self, truth: Truth) -> None:
         self.truths[truth.id] = truth
         self.truths.move_to_end(truth.id)
@@ -397,6 +407,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m servelab.calibration.server")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = any free port")
+    p.add_argument("--reuse-port", action="store_true",
+                   help="SO_REUSEPORT: several server processes share the port, the kernel spreading connections "
+                        "over them (start_calibration_server(processes=N)); each also listens on a port of its own "
+                        "for /calibration/truth and /calibration/summary, since a truth is held by the process that "
+                        "served the request")
     p.add_argument("--default-script", default=None, help="JSON object: the Script used when a request has none")
     p.add_argument("--writer", choices=("precise", "ticker", "auto"), default="precise",
                    help="precise: a timer per stream, spin before each write; ticker: one timer for all streams "
@@ -416,12 +431,17 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
+    site = web.TCPSite(runner, args.host, args.port, reuse_port=args.reuse_port or None)
     await site.start()
     port = runner.addresses[0][1]
+    own = port
+    if args.reuse_port:  # this process's own port: its truths, whichever process the kernel gave a request to
+        mine = web.TCPSite(runner, args.host, 0)
+        await mine.start()
+        own = runner.addresses[-1][1]
     gc.freeze()  # startup objects never need collecting; keeps collector pauses short during streams
     # The first stdout line is the contract with start_calibration_server: it reads the port from it.
-    print(f"LISTENING {args.host} {port}", flush=True)
+    print(f"LISTENING {args.host} {port}" + (f" {own}" if args.reuse_port else ""), flush=True)
     print(f"calibration server on http://{args.host}:{port}", file=sys.stderr, flush=True)
     try:
         await stop.wait()
