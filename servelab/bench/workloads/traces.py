@@ -297,17 +297,19 @@ class TraceWorkload:
     def implied_cached(self, count: int | None = None) -> list[int]:
         """Per request (in replay order), the prompt tokens an earlier request of the trace shares as a prefix."""
         entries = self.entries[:count] if count else self.entries
-        seen: set[tuple[int, ...]] = set()
+        # every prefix of hash ids seen so far -> the most words an earlier prompt had under it (a prompt shorter
+        # than its blocks ends inside its last one, and an engine can reuse only what that prompt held)
+        seen: dict[tuple[int, ...], int] = {}
         out: list[int] = []
         for i, e in enumerate(entries):
             length, words = self.length(i), self.length(i) - self.minimum + 1
             ids = e.hash_ids or ()
-            k = 0
-            while k < len(ids) and ids[:k + 1] in seen:
-                k += 1
-            shared = 0 if i == 0 else self.overhead + min(k * self.block_tokens, words)  # type: ignore[operator]
+            shared_words = max((min(k * self.block_tokens, words, seen[ids[:k]]) for k in range(1, len(ids) + 1)
+                                if ids[:k] in seen), default=0)
+            shared = 0 if i == 0 else self.overhead + shared_words  # type: ignore[operator]
             out.append(min(shared, length - 1))
-            seen.update(ids[:j] for j in range(1, len(ids) + 1))
+            for k in range(1, len(ids) + 1):
+                seen[ids[:k]] = max(seen.get(ids[:k], 0), words)
         return out
 
     def implied_hit_ratio(self, count: int | None = None) -> float:
