@@ -24,7 +24,7 @@ from servelab.bench.environment import EnvironmentSampler, contention_warning
 from servelab.bench.failures import top_errors
 from servelab.bench.loads import Recorder, Target, make_spec, run_concurrency, run_single
 from servelab.bench.loads.control import LevelControl
-from servelab.bench.metrics import peak_figures, summarize
+from servelab.bench.metrics import as_tally, peak_figures, summarize
 from servelab.bench.plans import (PLAN_MODES, LoadPlan, annotate_partial, plan_headline, prepare_workload,
                                   run_plan)
 from servelab.bench.tokenizer import (LlamaCppServerTokenizer, Tokenizer, probe_server_tokenizer,
@@ -33,7 +33,6 @@ from servelab.bench.server_metrics import MetricsWatcher
 from servelab.bench import steady as steady_state
 from servelab.bench.steady import SteadyRule, is_measured
 from servelab.bench.selftest import SelftestResult, ceiling_warning, load_ceiling
-from servelab.bench.tokens import recount_with_tokenizer
 from servelab.bench.workload import Workload
 from servelab.bench.workers import WorkerPool, auto_workers, open_pool, streams_needed_most
 from servelab.bench.workloads import WorkloadSource
@@ -112,7 +111,9 @@ class BenchState:
         levels = list(self.levels)
         if interrupted and self.current is not None:
             tag, conc, start_ns = self.current
-            partial = [r for r in self.recorder.records if r.tag == tag]
+            self.recorder.flush()  # records still waiting for their recount: as counted
+            partial = (self.recorder.current if self.recorder.current is not None
+                       else [r for r in self.recorder.records if r.tag == tag])
             mode = (self.current_plan or {}).get("mode") or ("single" if tag == "single" else "concurrency")
             window = (start_ns, time.perf_counter_ns())
             levels.append(summarize(partial, tag=tag, mode=mode, concurrency=conc, window=window,
@@ -232,6 +233,7 @@ async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
 async def begin_level(state: BenchState, tag: str, concurrency: int) -> None:
     """Mark a load level as running (so Ctrl-C can summarise it) and take the server's metrics before it."""
     state.current = (tag, concurrency, time.perf_counter_ns())
+    state.recorder.current = None  # the level's load mode opens its tally
     if state.environment is not None:
         state.environment.start_level()
     if state.watcher is not None:
@@ -241,27 +243,33 @@ async def begin_level(state: BenchState, tag: str, concurrency: int) -> None:
 async def finish_level(state: BenchState, records: list[RequestRecord], *, tag: str, mode: str,
                        concurrency: int, window: tuple[int, int], control: LevelControl | None = None,
                        rate: float | None = None) -> Summary:
-    """Recount tokens where the stream gave no per-chunk counts (after the load, so it never perturbs it), then
-    compute the level's figures and attach the server's own metrics, the most common errors and, for a level run
-    under `control`, whether it reached a steady state (its aggregate figures withheld when it did not)."""
-    server = await state.watcher.end_level(records) if state.watcher is not None else None
+    """Recount tokens where the stream gave no per-chunk counts (after the load, so it never perturbs it, unless
+    the level was long enough to fill a batch: bench/loads/common.py), then compute the level's figures and attach
+    the server's own metrics, the most common errors and, for a level run under `control`, whether it reached a
+    steady state (its aggregate figures withheld when it did not). `records` is the level's tally (or, from a
+    load mode that keeps a list, its records)."""
+    await state.recorder.settle()
+    tally = as_tally(records, state.recorder.slos or None)
+    server = await state.watcher.end_level(tally) if state.watcher is not None else None
     environment = end_environment(state)
     state.current = None
-    if state.tokenizer is not None:
-        await recount_with_tokenizer(records, state.tokenizer)
-    summary = summarize(records, tag=tag, mode=mode, concurrency=concurrency, window=window)
+    summary = summarize(tally, tag=tag, mode=mode, concurrency=concurrency, window=window)
     summary.server = server
-    summary.top_errors = top_errors(records)
+    summary.top_errors = top_errors(tally)
     if control is not None and control.rule is not None:
-        steady_state.apply(summary, steady_state.judge(records, window, control.rule, ended_by=control.ended_by,
+        steady_state.apply(summary, steady_state.judge(tally, window, control.rule, ended_by=control.ended_by,
                                                        cap_s=control.cap_s, rate=rate,
                                                        budget=control.max_requests))
     attach_environment(summary, environment)
-    events = sum(1 for r in records if not r.warmup for e in r.events if window[0] <= e.t_ns <= window[1])
+    events = tally.in_window(window)[2]
     if summary.window_s > 0:
         warning = ceiling_warning(events / summary.window_s, state.client_ceiling)
         if warning:
             summary.warnings.append(warning)
+    if state.recorder.recounted_live:
+        summary.warnings.append(f"{state.recorder.recounted_live} records were recounted with the tokenizer while "
+                                f"the level ran (in batches, to keep memory bounded), not after it")
+        state.recorder.recounted_live = 0
     return summary
 
 
@@ -297,6 +305,7 @@ async def run_bench(state: BenchState) -> BenchResult:
     headers = auth_headers(opts.api_key)
     async with aiohttp.ClientSession(headers=headers) as probe_session:
         await prepare(state, probe_session)
+        state.recorder.tokenizer = state.tokenizer  # chunk-counted records wait for it before they are written
         await prepare_workload(state, probe_session)
     from servelab.engines import get_engine  # registry lookup for the detected engine's request extras
 
@@ -410,8 +419,10 @@ def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], 
     """Run a benchmark to the end, or until Ctrl-C; either way return what was measured."""
     base_url = normalize_base_url(url)
     check_credentials(base_url, options.api_key)
-    state = BenchState(url=base_url, options=options,
-                       recorder=Recorder(on_record=on_record, secrets=(options.api_key,) if options.api_key else ()))
+    # keep=False: records leave memory once passed on (records.jsonl); each level keeps only its tally.
+    recorder = Recorder(on_record=on_record, secrets=(options.api_key,) if options.api_key else (), keep=False,
+                        slos=tuple(options.plan.slos or ()))
+    state = BenchState(url=base_url, options=options, recorder=recorder)
     try:
         return aio.run(run_bench(state))
     except KeyboardInterrupt:
@@ -419,3 +430,5 @@ def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], 
         # flight is on the client's list; the load modes took theirs already, this takes the rest.
         state.collect_cancelled()
         return state.result(interrupted=True)
+    finally:
+        recorder.flush()  # a record still waiting for its recount is written as counted, never lost

@@ -38,15 +38,20 @@ NAN = math.nan
 
 class LevelTally:
     def __init__(self, *, window_start_ns: int | None = None, floor: Callable[[], int] | None = None,
-                 slos: Sequence | None = None, keep: bool = True):
+                 slos: Sequence | None = None, keep: bool = True,
+                 waiting: Callable[[RequestRecord], bool] | None = None):
         """`window_start_ns`: events before it are outside the window (None: no event is: a level whose window
         starts at its first send). `floor`: a time before which the window's end can no longer fall (None: the
         window may end anywhere, so every event waits for it: exact, but memory grows; fine for records
-        already in memory). `slos`: targets each request is judged against as it is folded (goodput)."""
+        already in memory). `slos`: targets each request is judged against as it is folded (goodput). `waiting`:
+        says a record still waits for its token recount (bench/loads/common.py Recorder): it is folded later,
+        by `fold_waiting`, once recounted."""
         self.window_start_ns = window_start_ns
         self.floor = floor
         self.slos = list(slos or ())
         self.records: list[RequestRecord] | None = [] if keep else None
+        self.waiting = waiting
+        self._late: list[RequestRecord] = []  # appended while waiting for their recount
         self.appended = 0  # every record given, warm-up ones included (len())
         # ---- per measured (non-warm-up) request ----
         self.status = array("b")  # 0 ok, 1 failed, 2 cancelled
@@ -90,8 +95,22 @@ class LevelTally:
         self.appended += 1
         if self.records is not None:
             self.records.append(record)
-        if not record.warmup:
+        if record.warmup:
+            return
+        if self.waiting is not None and self.waiting(record):
+            self._late.append(record)
+        else:
             self._fold(record)
+
+    def fold_waiting(self) -> None:
+        """Fold the records whose recount is done (all of them once the recorder settled)."""
+        still = []
+        for r in self._late:
+            if self.waiting is not None and self.waiting(r):
+                still.append(r)
+            else:
+                self._fold(r)
+        self._late = still
 
     def extend(self, records: Iterable[RequestRecord]) -> None:
         for r in records:
@@ -242,8 +261,10 @@ class LevelTally:
         events before the floor; those must lie inside any window the level can end with."""
         ws, we = window
         tokens, answer, events = self.folded_tokens, self.folded_answer, self.folded_events
-        if self.window_start_ns is not None and self.window_start_ns != ws:
-            raise ValueError("the window starts where the tally was told it would")
+        if self.window_start_ns is not None and ws > self.window_start_ns and self.folded_events:
+            # events before `ws` were folded as inside: only a window starting no later than the level can be
+            # counted from this tally (an interrupted level's window starts at its begin, a little earlier)
+            raise ValueError("the window starts after the tally's own start")
         for t, k, flags in zip(self._pending_t, self._pending_tokens, self._pending_flags):
             if ws <= t <= we:
                 events += 1
@@ -252,6 +273,12 @@ class LevelTally:
                     if flags & 2:
                         answer += k
         return tokens, answer, events
+
+    def span(self) -> tuple[int, int]:
+        """(first send, last end or send) of the measured requests: a single-stream level's window."""
+        if not self.t_send:
+            return 0, 0
+        return self.t_send[0], max(max(self.t_send), max(self.t_end))
 
     def completed_in(self, window: tuple[int, int]) -> int:
         ws, we = window

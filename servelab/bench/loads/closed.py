@@ -28,7 +28,10 @@ from servelab.records import RequestRecord
 async def run_single(client: StreamClient, workload, target: Target, recorder: Recorder, *,
                      requests: int, warmup: int = 1, tag: str = "single") -> tuple[list[RequestRecord],
                                                                                  tuple[int, int]]:
-    measured: list[RequestRecord] = []
+    # Every token event of a request lies between its send and its end, so inside this level's window (first
+    # send .. last end) by construction: the tally folds each as it comes (a floor that is always past it).
+    measured = recorder.level(floor=_past_everything)
+    span = _Span()
     try:
         for _ in range(warmup):
             recorder.add(await client.send(make_spec(workload, target, recorder, tag, warmup=True)))
@@ -36,12 +39,11 @@ async def run_single(client: StreamClient, workload, target: Target, recorder: R
             record = await client.send(make_spec(workload, target, recorder, tag))
             recorder.add(record)
             measured.append(record)
+            span.add(record)
     except asyncio.CancelledError:
         recorder.add_cancelled(client, measured)
         raise
-    if not measured:
-        return measured, (0, 0)
-    return measured, (measured[0].t_send_ns, max(r.t_end_ns or r.t_send_ns for r in measured))
+    return measured, span.window()
 
 
 async def run_concurrency(client: StreamClient, workload, target: Target, recorder: Recorder, *,
@@ -55,9 +57,10 @@ async def run_concurrency(client: StreamClient, workload, target: Target, record
         raise ValueError("a concurrency level needs a duration, a request count, or both")
     tag = tag or f"c{concurrency}"
     control = control or LevelControl(None, duration_s=duration_s, max_requests=max_requests)
-    measured: list[RequestRecord] = []
     start_ns = time.perf_counter_ns()
     control.begin(start_ns)
+    measured = recorder.level(window_start_ns=start_ns, floor=control.window_floor_ns)
+    span = _Span()
 
     async def worker() -> None:
         backoff = Backoff(control.rule) if control.rule is not None else None
@@ -66,6 +69,7 @@ async def run_concurrency(client: StreamClient, workload, target: Target, record
             record = await client.send(make_spec(workload, target, recorder, tag))
             recorder.add(record)
             measured.append(record)
+            span.add(record)
             control.finished(record)
             if backoff is not None:
                 await control.pause(backoff.after(record))
@@ -89,5 +93,25 @@ async def run_concurrency(client: StreamClient, workload, target: Target, record
     # steady-state rule first held, or at the cap), or at the last send when the request budget ran out first.
     window_end = control.window()[1]
     if window_end <= start_ns:  # a budget of fewer requests than workers: fall back to the whole span
-        window_end = max((r.t_end_ns or r.t_send_ns) for r in measured) if measured else start_ns
+        window_end = span.last if span.first is not None else start_ns
     return measured, (start_ns, window_end)
+
+
+def _past_everything() -> int:
+    return 2**63 - 1
+
+
+class _Span:
+    """First send and last end (or send) of a level's measured requests, kept as they finish."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.last = 0
+
+    def add(self, record: RequestRecord) -> None:
+        if self.first is None:
+            self.first = record.t_send_ns
+        self.last = max(self.last, record.t_end_ns or record.t_send_ns)
+
+    def window(self) -> tuple[int, int]:
+        return (self.first, self.last) if self.first is not None else (0, 0)

@@ -3,17 +3,30 @@ and the target's traits."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from servelab.bench.client import RequestSpec
+from servelab.bench.tally import LevelTally
 from servelab.records import RequestRecord
 from servelab.redaction import redact_text
 
 
+# Records waiting for the tokenizer's recount are recounted in batches of this many while a level runs, so a
+# level of any length holds at most this many whole records (docs/metrics.md#bounded-memory).
+RECOUNT_BATCH = 2000
+
+
 @dataclass
 class Recorder:
-    """Collects records as they complete, so an interrupted run still has everything that finished."""
+    """Passes each finished record on (`on_record`: records.jsonl) as it completes, so an interrupted run still has
+    everything that finished, and opens each level's tally (`level`).
+
+    A record whose tokens were counted one per chunk waits for the tokenizer (`tokenizer`, set by the runner when
+    it has one) before it is passed on: records.jsonl and the figures then hold the same counts. Such records are
+    recounted at the end of their level (`settle`), or in batches of RECOUNT_BATCH while it runs."""
 
     records: list[RequestRecord] = field(default_factory=list)
     on_record: Callable[[RequestRecord], None] | None = None
@@ -21,6 +34,16 @@ class Recorder:
     # Values never to keep (the API key sent): a server that echoes one in an error body has it hidden from the
     # record's error_detail before anything reads it (records.jsonl, top errors, the terminal).
     secrets: tuple[str, ...] = ()
+    # Keep every record in memory (`records`, and each level's tally keeps its own): what tests and callers that
+    # read the records back want. A bench run keeps none: memory stays flat however long it runs.
+    keep: bool = True
+    slos: tuple = ()  # SLO targets each level's tally judges requests against (goodput)
+    tokenizer: Any = None  # bench/tokenizer.py: recounts chunk-counted records before they are passed on
+    current: LevelTally | None = None  # the tally of the level in progress (an interrupted run summarises it)
+    recounted_live: int = 0  # records recounted by a batch while their level ran
+    _waiting: dict[int, RequestRecord] = field(default_factory=dict)  # id -> record not passed on yet
+    _held: list[RequestRecord] = field(default_factory=list)  # waiting, no batch started for them yet
+    _batches: list[asyncio.Task] = field(default_factory=list)
 
     def take_index(self) -> int:
         i = self.next_index
@@ -30,9 +53,68 @@ class Recorder:
     def add(self, record: RequestRecord) -> None:
         if record.error_detail:
             record.error_detail = redact_text(record.error_detail, self.secrets)
-        self.records.append(record)
+        if self.keep:
+            self.records.append(record)
+        if self._needs_recount(record):
+            self._waiting[id(record)] = record
+            self._held.append(record)
+            if len(self._held) >= RECOUNT_BATCH:
+                self.recounted_live += len(self._held)
+                self._start_batch()
+            return
+        self._pass_on(record)
+
+    def _pass_on(self, record: RequestRecord) -> None:
         if self.on_record is not None:
             self.on_record(record)
+
+    # ---- levels ----
+    def level(self, *, window_start_ns: int | None = None, floor: Callable[[], int] | None = None) -> LevelTally:
+        """A new level's tally (what the load modes call `measured`)."""
+        self.current = LevelTally(window_start_ns=window_start_ns, floor=floor, slos=self.slos, keep=self.keep,
+                                  waiting=self.waiting)
+        return self.current
+
+    # ---- the recount ----
+    def _needs_recount(self, r: RequestRecord) -> bool:
+        return (self.tokenizer is not None and r.ok and not r.warmup and r.count_method == "chunk_count"
+                and bool(r.events))
+
+    def waiting(self, record: RequestRecord) -> bool:
+        """The record waits for its recount (a tally folds it once it is done)."""
+        return id(record) in self._waiting
+
+    def _start_batch(self) -> None:
+        batch, self._held = self._held, []
+        self._batches.append(asyncio.get_running_loop().create_task(self._recount(batch)))
+
+    async def _recount(self, batch: list[RequestRecord]) -> None:
+        from servelab.bench.tokens import recount_with_tokenizer
+
+        try:
+            await recount_with_tokenizer(batch, self.tokenizer)
+        finally:
+            for r in batch:
+                if self._waiting.pop(id(r), None) is not None:
+                    self._pass_on(r)
+            if self.current is not None:
+                self.current.fold_waiting()
+
+    async def settle(self) -> None:
+        """Recount every record still waiting (the level's end), pass them on and fold them into their tally."""
+        if self._held:
+            self._start_batch()
+        while self._batches:
+            await self._batches.pop(0)
+
+    def flush(self) -> None:
+        """Pass on, as counted, every record still waiting (the run was interrupted before its recount)."""
+        for record in list(self._waiting.values()):
+            self._pass_on(record)
+        self._waiting.clear()
+        self._held.clear()
+        if self.current is not None:
+            self.current.fold_waiting()
 
     def add_cancelled(self, client, measured: list[RequestRecord] | None = None,
                       because: str | None = None) -> list[RequestRecord]:

@@ -98,6 +98,18 @@ class LevelControl:
             self.connect_failures_in_a_row = 0
         self.evaluate(time.perf_counter_ns())
 
+    def window_floor_ns(self) -> int:
+        """A time before which the window's end can no longer fall: the latest send (every way a level ends puts
+        its window's end at or after it: the last send, a moment the rule held after it, the cap, or now), or
+        the deadline when no rule runs (the window then ends there, and sends stop by it). A level's tally
+        counts the token events before it at once, and keeps only the later ones until the window is known."""
+        floor = self.last_send_ns if self.last_send_ns is not None else self.start_ns
+        if self.rule is None and self.deadline_ns is not None and not self.open_loop:
+            floor = min(floor, self.deadline_ns)
+        if self.ended and self.window_end_ns is not None:
+            floor = self.window_end_ns + 1  # known: events after it are outside; before it, inside
+        return floor
+
     def window(self) -> tuple[int, int]:
         end = self.window_end_ns if self.window_end_ns is not None else (self.last_send_ns or self.start_ns)
         return self.start_ns, end

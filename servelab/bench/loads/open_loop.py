@@ -55,7 +55,6 @@ async def run_rate(client: StreamClient, workload, target: Target, recorder: Rec
                           duration_s=horizon)
     planned_ns = int(duration_s * NS_PER_S) if duration_s is not None else None
     prebuilt = [make_spec(workload, target, recorder, tag) for o in offsets if planned_ns is None or o < planned_ns]
-    measured: list[RequestRecord] = []
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
     async def one(spec: RequestSpec, scheduled_ns: int) -> None:
@@ -74,6 +73,7 @@ async def run_rate(client: StreamClient, workload, target: Target, recorder: Rec
     lead_ns = getattr(client, "dispatch_lead_ns", 0)
     start_ns = time.perf_counter_ns() + START_LEAD_NS
     control.begin(start_ns)
+    measured = recorder.level(window_start_ns=start_ns, floor=control.window_floor_ns)
     watcher = asyncio.create_task(control.watch())
     try:
         for k, offset in enumerate(offsets):
