@@ -1,0 +1,135 @@
+"""Prefix-cache figures (issue 16): the pure function over per-request rows, the chunk parser reading each engine's
+cached-token field, and a whole multi-turn bench against a fake engine whose cache is a real longest-prefix match
+over the prompts it has seen, reporting its counts the way llama.cpp (timings.cache_n only) or vLLM
+(usage.prompt_tokens_details.cached_tokens) does. The figures must equal what the fake reported."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aiohttp import web
+
+from servelab.bench.cache_figures import CacheRow, cache_figures
+from servelab.bench.chunks import read_chunk
+from servelab.bench.options import BenchArgs, build_options
+from servelab.bench.runner import bench
+from tests.openai_fake import serving
+
+
+def test_figures_from_rows() -> None:
+    rows = [CacheRow(0, 100, 1, 50.0), CacheRow(90, 120, 2, 10.0), CacheRow(140, 150, 3, 12.0),
+            CacheRow(None, 80, 1, 40.0)]
+    figures, turns = cache_figures(rows)
+    assert figures["cache_hit_ratio"].value == pytest.approx(230 / 370)
+    assert figures["cache_hit_ratio"].note == "3 of 4 requests reported cached prompt tokens"
+    assert figures["cached_tokens"].value == pytest.approx(230 / 3)
+    assert figures["ttft_cached_ms"].value == 11.0 and figures["ttft_uncached_ms"].value == 50.0
+    assert [(t.turn, t.requests) for t in turns] == [(1, 2), (2, 1), (3, 1)]
+    assert turns[0].cached_share == 0.0 and turns[0].prompt_tokens_mean == 90.0 and turns[0].ttft_ms.p50 == 45.0
+    assert turns[2].cached_share == pytest.approx(140 / 150)
+
+
+def test_no_reported_counts_no_figures_and_single_turn_no_turns() -> None:
+    assert cache_figures([CacheRow(None, 10, None, 1.0)]) == ({}, [])
+    figures, turns = cache_figures([CacheRow(5, 10, None, 1.0)])
+    assert set(figures) == {"cache_hit_ratio", "cached_tokens", "ttft_cached_ms", "ttft_uncached_ms"}
+    assert turns == []
+
+
+def test_each_engines_cached_field_is_read() -> None:
+    llama = read_chunk({"choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 2},
+                        "timings": {"cache_n": 31, "prompt_n": 19, "predicted_n": 2}})
+    assert llama.cache_n == 31 and llama.usage.cached_tokens is None
+    vllm = read_chunk({"choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 2,
+                                                "prompt_tokens_details": {"cached_tokens": 32}}})
+    assert vllm.usage.cached_tokens == 32 and vllm.cache_n is None
+    assert read_chunk({"choices": [], "timings": {"cache_n": True}}).cache_n is None  # a bool is not a count
+
+
+class PrefixCacheFake:
+    """An OpenAI chat server whose tokens are words and whose cache is the longest prefix it shares with any prompt
+    seen before (at least one token is always computed, as engines do). It answers each turn with a few fixed
+    words and remembers what it reported, per request."""
+
+    def __init__(self, style: str):
+        self.style = style
+        self.seen: list[list[str]] = []
+        self.reported: list[tuple[int, int]] = []  # (cached, prompt) per request, in arrival order
+
+    def tokens(self, messages) -> list[str]:
+        return [w for m in messages for w in f"<{m['role']}> {m['content']}".split()]
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompt = self.tokens(body["messages"])
+        cached = max((n for n in (self._common(prompt, p) for p in self.seen)), default=0)
+        cached = min(cached, len(prompt) - 1)
+        self.seen.append(prompt)
+        self.reported.append((cached, len(prompt)))
+        answer = ["sure", "thing", "here"][: body.get("max_tokens", 3)]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for w in answer:
+            await resp.write(f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': w + ' '}}]})}\n\n"
+                             .encode())
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(answer),
+                 "total_tokens": len(prompt) + len(answer)}
+        final = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+        if self.style == "vllm":
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+            tail = {"choices": [], "usage": usage}
+        else:  # an older llama.cpp: usage without details, the reuse in timings.cache_n
+            tail = {"choices": [], "usage": usage, "timings": {"cache_n": cached, "prompt_n": len(prompt) - cached}}
+        for event in (final, tail):
+            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    @staticmethod
+    def _common(a: list[str], b: list[str]) -> int:
+        n = 0
+        for x, y in zip(a, b):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"data": [{"id": "fake"}]})
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        return app
+
+
+@pytest.mark.parametrize("style", ["llamacpp", "vllm"])
+def test_multiturn_cache_figures_equal_what_the_engine_reported(tmp_path, style) -> None:
+    lines = [{"messages": [{"role": "system", "content": "You answer questions about rivers " * 5},
+                           *[m for k in range(5) for m in ({"role": "user", "content": f"question {c} {k} " * 4},
+                                                           {"role": "assistant", "content": "recorded"})]]}
+             for c in range(4)]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    fake = PrefixCacheFake(style)
+    records = []
+    with serving(fake.app()) as url:
+        opts = build_options(BenchArgs(mode="multiturn", users=2, conversations=4, dataset=path, max_tokens=3,
+                                       warmup=0, tokenizer="none", min_requests=1))
+        result = bench(url, opts, on_record=records.append)
+    (level,) = result.levels
+    assert level.tag == "u2" and level.ok == 20 and result.mode == "multiturn"
+    assert sorted((r.conversation, r.turn) for r in records) == [(c, k) for c in range(4) for k in range(1, 6)]
+    # Every turn's history holds the answers the server gave, not the recorded ones.
+    assert any("sure thing here" in " ".join(p) for p in fake.seen) and not any("recorded" in p for p in fake.seen)
+    assert [r.usage.cached_tokens for r in records] == [c for c, _ in fake.reported]
+    cached, prompt = sum(c for c, _ in fake.reported), sum(p for _, p in fake.reported)
+    assert level.figures["cache_hit_ratio"].value == pytest.approx(cached / prompt)
+    assert [t.turn for t in level.turns] == [1, 2, 3, 4, 5]
+    shares = [t.cached_share for t in level.turns]
+    assert all(later > earlier for earlier, later in zip(shares, shares[1:])), shares
+    for t in level.turns:
+        mine = [(r.usage.cached_tokens, r.usage.prompt_tokens) for r in records if r.turn == t.turn]
+        assert t.requests == 4 and t.cached_share == pytest.approx(sum(c for c, _ in mine) / sum(p for _, p in mine))
