@@ -76,6 +76,7 @@ def render_levels(console: Console, result: BenchResult) -> None:
         console.print(Text(f"  warning: {inert(warning)}", style="yellow"))
     render_spec_decode(console, result.levels)
     render_reasoning(console, result.levels)
+    render_cache(console, result.levels)
     if any(s.environment is not None and s.environment.contended for s in result.levels):
         console.print(Text(f"  {BUSY_MARK}: the machine was not quiet during the level (docs/metrics.md#contended);"
                            " why, in its warning below", style="yellow"))
@@ -249,6 +250,34 @@ def render_reasoning(console: Console, levels: list[Summary]) -> None:
     print_table(console, "reasoning and answer tokens",
                 [key_col("level"), Col("reasoning\ntok/req"), Col("answer\ntok/req"), Col("reasoning\n%"),
                  Col("answer\ntok/s"), Col("output\ntok/s"), Col("TTFO\nms p50")], rows)
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x * 100:.0f} %"
+
+
+def render_cache(console: Console, levels: list[Summary]) -> None:
+    """The engine's prefix cache per level when it reported cached prompt tokens (docs/metrics.md#cache), and per
+    turn for multi-turn levels: how much of each prompt it served from cache, and what that did to TTFT."""
+    cached = [s for s in levels if "cache_hit_ratio" in s.figures]
+    if cached:
+        rows = []
+        for s in cached:
+            f, implied = s.figures, s.load.get("implied_cache_hit_ratio") if s.load else None
+            rows.append([s.tag, _pct(f["cache_hit_ratio"].value), _pct(implied), fmt(_value(f, "cached_tokens")),
+                         fmt(_value(f, "ttft_cached_ms"), 0), fmt(_value(f, "ttft_uncached_ms"), 0)])
+        print_table(console, "prefix cache (as the engine reported it)",
+                    [key_col("level"), Col("hit\nratio"), Col("trace\nimplies"), Col("cached\ntok/req"),
+                     Col("TTFT ms p50\ncached"), Col("TTFT ms p50\nuncached")], rows)
+    for s in levels:
+        if not s.turns:
+            continue
+        rows = [[str(t.turn), str(t.requests), fmt(t.prompt_tokens_mean, 0), fmt(t.cached_tokens_mean, 0),
+                 _pct(t.cached_share), fmt(t.ttft_ms.p50 if t.ttft_ms else None, 0),
+                 fmt(t.ttft_ms.p99 if t.ttft_ms else None, 0)] for t in s.turns]
+        print_table(console, f"{s.tag}: by turn", [key_col("turn"), Col("ok"), Col("prompt\ntokens"),
+                                                   Col("cached\ntokens"), Col("cached\n%"), Col("TTFT\nms p50"),
+                                                   Col("TTFT\nms p99")], rows)
 
 
 def _value(figures: dict[str, Figure], key: str) -> float | None:
