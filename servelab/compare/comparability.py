@@ -33,15 +33,15 @@ def comparability_warnings(baseline: RunData, others: list[RunData]) -> list[str
     for run in [baseline, *others]:
         for finding in run.serious:
             warnings.append(f"{run.name} is NOT REPRESENTATIVE: {finding.setting}: {finding.why}")
-        if run.status != "complete" and not run.literal:
+        if run.status != "complete" and not run.literal and run.peer is None:
             warnings.append(f"{run.name} did not complete (status {run.status}): its figures may be partial")
     if baseline.literal:
         warnings.append(f"the baseline {baseline.name} is literal figures: no records, so no interval on its side "
                         f"and no workload to check the others against")
     base_workload = workload_of(baseline)
     for run in others:
-        if run.literal or baseline.literal:
-            continue
+        if run.literal or baseline.literal or run.peer is not None or baseline.peer is not None:
+            continue  # nothing recorded to check against (a peer's workload is in its own terms: compare.py)
         theirs = workload_of(run)
         diffs = [f"{key} {base_workload.get(key)!r} vs {theirs.get(key)!r}"
                  for key in sorted(set(base_workload) | set(theirs)) if base_workload.get(key) != theirs.get(key)]

@@ -24,8 +24,11 @@ from servelab.errors import UserError
 # direction is claimed (docs/metrics.md#verdicts).
 # different levels: the figure was read at a different load in each run (TTFT at the top concurrency, c64 against
 # c4), so the ratio is shown and no verdict is given.
+# definition differs: a figure read from another tool's result (compare/peers) whose definition is not servelab's
+# (its TTFT starts at another chunk, its ITL is per chunk, its throughput window includes the tail, …): the ratio is
+# shown, never a verdict.
 Verdict = Literal["baseline", "better", "worse", "within noise", "inconsistent", "contended", "different levels",
-                  "no interval", "missing"]
+                  "definition differs", "no interval", "missing"]
 
 
 def fmt_ratio(r: float) -> str:
@@ -40,6 +43,10 @@ class FigureCell(BaseModel):
     where: str | None = None  # the level it was measured at, for figures whose level can differ between runs
     trials: int | None = None  # trials resampled (hierarchical bootstrap); None for a literal figure
     trial_values: list[float] = Field(default_factory=list)  # the figure of each trial that counts
+    # Another tool's figure (compare/peers): the field it was read from, and how its definition differs from
+    # servelab's when it does (None: the same definition).
+    source: str | None = None
+    definition_differs: str | None = None
 
 
 class RatioCell(BaseModel):
@@ -72,6 +79,7 @@ class RunRef(BaseModel):
     trials: int = 1  # trials whose figures count
     excluded_trials: list[int] = Field(default_factory=list)  # contended trials left out (1-based)
     contended: bool = False  # every trial that counts was contended
+    peer: dict | None = None  # another tool's result: tool, version, path, per_request, definitions, notes
 
 
 class Comparison(BaseModel):
@@ -119,8 +127,11 @@ def compare_runs(runs: list[RunData]) -> Comparison:
         baseline=baseline.name, rows=rows, warnings=comparability_warnings(baseline, others),
         runs=[RunRef(name=r.name, ref=r.ref, status=r.status, literal=r.literal, representative=not r.serious,
                      serious=[f"{f.setting}: {f.why}" for f in r.serious], trials=0 if r.literal else len(r.counted),
-                     excluded_trials=[i + 1 for i in r.excluded], contended=r.all_contended) for r in runs])
+                     excluded_trials=[i + 1 for i in r.excluded], contended=r.all_contended,
+                     peer=r.peer.model_dump() if r.peer is not None else None) for r in runs])
     comparison.warnings += trial_warnings(runs)
+    comparison.warnings += peer_warnings(runs, rows)
+    _mark_definitions(rows)
     for i, run in enumerate(others, start=1):
         if not any(row.figures[i].value is not None for row in rows):
             comparison.warnings.append(f"{run.name} has none of the figures the baseline has")
@@ -140,7 +151,7 @@ def compare_runs(runs: list[RunData]) -> Comparison:
 def trial_warnings(runs: list[RunData]) -> list[str]:
     """What the trials behind the comparison can and cannot show."""
     out: list[str] = []
-    measured = [r for r in runs if not r.literal]
+    measured = [r for r in runs if not r.literal and r.peer is None]
     if measured and all(len(r.counted) <= 1 for r in measured):
         out.append("one trial per run: the intervals cover the variation between requests within each run, not "
                    "between runs (other work on the machine, CPU frequency, the order the runs ran in); repeat "
@@ -152,6 +163,37 @@ def trial_warnings(runs: list[RunData]) -> list[str]:
         if r.all_contended:
             out.append(f"{r.name}: every trial ran on a contended machine ({_contention_reason(r, r.counted[0])}): "
                        f"its figures are shown, but no verdict rests on them")
+    return out
+
+
+def _mark_definitions(rows: list[Row]) -> None:
+    """A figure defined differently in a peer's file (or the baseline's) gets no verdict: its ratio is shown and
+    marked "definition differs"."""
+    for row in rows:
+        base_differs = row.figures[0].definition_differs is not None
+        for fig, cell in zip(row.figures[1:], row.ratios[1:]):
+            if (base_differs or fig.definition_differs is not None) and cell.ratio is not None:
+                cell.verdict = "definition differs"
+
+
+def peer_warnings(runs: list[RunData], rows: list[Row]) -> list[str]:
+    """What each peer's file is, and for each figure shown whose definition differs from servelab's, how."""
+    out: list[str] = []
+    shown = {row.key for row in rows}
+    for run in runs:
+        peer = run.peer
+        if peer is None:
+            continue
+        version = f" {peer.version}" if peer.version else ""
+        basis = ("per-request data, so intervals on its side" if peer.per_request else
+                 "summary figures only: no records, so no interval on its side, like literal figures")
+        out.append(f"{run.name} comes from {peer.tool}{version} ({peer.path}): {basis}; its workload was not "
+                   f"set by servelab and cannot be checked against the others'"
+                   + (f" ({'; '.join(peer.notes)})" if peer.notes else ""))
+        for d in peer.definitions:
+            if not d.matches and d.key in shown:
+                out.append(f"{run.name}: {KEY_METRICS[d.key].label} is defined differently ({d.theirs}: {d.why}), "
+                           f"so it gets no verdict")
     return out
 
 
@@ -177,7 +219,14 @@ def _unique_names(runs: list[RunData]) -> None:
 
 def _figure_cell(run: RunData, metric: KeyMetric, sampler) -> FigureCell:
     ci = figure_interval(sampler, f"{run.ref}:{metric.key}") if sampler is not None else None
+    definition = run.peer.definition(metric.key) if run.peer is not None else None
+    differs = None
+    if run.peer is not None and metric.value(run) is not None:
+        differs = (definition.why if definition is None or not definition.matches else None) if definition \
+            else f"{run.peer.tool} has no figure defined as servelab's"
     return FigureCell(value=metric.value(run), ci=(ci.low, ci.high) if ci else None,
+                      source=f"{run.peer.tool}: {definition.theirs}" if definition else None,
+                      definition_differs=differs,
                       n=sampler.n if sampler is not None else None,
                       where=metric.where(run) if metric.where and not run.literal else None,
                       trials=sampler.trials if isinstance(sampler, Trials) else None,
@@ -190,10 +239,16 @@ def _ratio_cell(metric: KeyMetric, baseline: RunData, run: RunData, base_sampler
         return RatioCell(ratio=None, verdict="missing")
     ci: Interval | None = None
     if sampler is not None:
-        if baseline.literal:
+        if baseline.literal or base_sampler is None and baseline.peer is not None:
+            # literal figures, or a peer's file with summaries only: no noise of their own on the baseline side
             ci = ratio_interval(sampler, base, f"{baseline.ref}:{run.ref}:{metric.key}")
         elif base_sampler is not None:
             ci = ratio_interval(sampler, base_sampler, f"{baseline.ref}:{run.ref}:{metric.key}")
+    elif run.peer is not None and base_sampler is not None:
+        # a peer's summary figure against a measured baseline: the interval is the baseline's noise alone
+        inverse = ratio_interval(base_sampler, value, f"{baseline.ref}:{run.ref}:{metric.key}")
+        if inverse is not None and inverse.low > 0:
+            ci = Interval(1 / inverse.high, 1 / inverse.low)
     trial_ratios = _trial_ratios(baseline, run, base, base_sampler, sampler)
     verdict = judge(ci, metric, trial_ratios)
     if verdict in ("better", "worse", "inconsistent") and (run.all_contended or baseline.all_contended):
@@ -243,8 +298,8 @@ def regressions(comparison: Comparison, pct: float) -> list[str]:
         if row.neutral:
             continue
         for run, cell in zip(comparison.runs[1:], row.ratios[1:]):
-            if cell.ratio is None or cell.verdict == "different levels":  # not the same load: not a regression
-                continue
+            if cell.ratio is None or cell.verdict in ("different levels", "definition differs"):
+                continue  # not the same load, or not the same figure: not a regression
             if row.higher_is_better:
                 nearest = cell.ci[1] if cell.ci else cell.ratio
                 regressed = nearest < 1 - pct / 100

@@ -106,6 +106,8 @@ def _trial_level(run: RunData, tag: str, trial: int) -> Summary | None:
 def _peak_throughput(run: RunData, kind: str | None = None) -> Resampler | None:
     """Output tok/s at the peak level; with `kind` ("answer"), only the tokens of that kind (answer tok/s)."""
     key = "answer_tok_s" if kind == "answer" else "output_tok_s"
+    if run.peer is not None and not run.peer.timeline:
+        return None  # another tool's requests without start times: no time bins to draw
 
     def part(run: RunData, pooled: Summary, trial: int) -> Resampler | None:
         level = _trial_level(run, pooled.tag, trial) or (pooled if len(run.counted) == 1 else None)

@@ -1,6 +1,7 @@
-"""What `compare` and `report` read: a run from the store, a run directory, or literal baseline figures.
+"""What `compare` and `report` read: a run from the store, a run directory, another tool's result file
+(compare/peers: vllm bench serve, AIPerf, GuideLLM), or literal baseline figures.
 
-All three become a RunData, so nothing downstream cares where a run came from. A run directory may hold a
+All of them become a RunData, so nothing downstream cares where a run came from. A run directory may hold a
 RunSummary (`servelab run`) or a BenchResult (`servelab bench --out`); `cell.json` beside it names the
 experiment cell it measured.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from servelab.bench.trials import counted_trials, is_contended, pooled_benches, run_headline
 from servelab.errors import UserError
@@ -41,6 +43,7 @@ class RunData(SingleAndSweep):
     counted: list[int] = field(default_factory=lambda: [0])  # indices of the trials single/sweep pool
     excluded: list[int] = field(default_factory=list)  # contended trials left out
     experiment_id: str | None = None  # runs of one experiment ran interleaved: their trials pair by index
+    peer: Any = None  # a PeerInfo (compare/peers) when the run is another tool's result file
 
     @property
     def serious(self) -> list[LintFinding]:
@@ -119,6 +122,10 @@ def resolve(ref: str, store: Store | None, store_path: Path | None = None) -> Ru
     path = Path(ref)
     if path.is_dir():
         return load_run_dir(path)
+    if path.is_file():  # another tool's result (vllm bench serve, AIPerf, GuideLLM): compare/peers
+        from servelab.compare.peers import load_peer
+
+        return load_peer(path)
     if store is not None:
         run_id = resolve_run_id(store, ref)
         if run_id is not None:

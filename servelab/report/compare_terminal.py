@@ -13,10 +13,11 @@ from servelab.textsafe import inert, inert_markup
 
 _VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "within noise": "dim", "no interval": "yellow",
                   "inconsistent": "yellow", "contended": "yellow", "different levels": "yellow", "missing": "dim",
-                  "baseline": "dim"}
+                  "definition differs": "yellow", "baseline": "dim"}
 # How a verdict reads in a table cell (compare.py's Verdict values are the JSON's).
 VERDICT_WORDS = {"inconsistent": "inconsistent across trials", "contended": "no verdict: contended",
-                 "different levels": "no verdict: different levels"}
+                 "different levels": "no verdict: different levels",
+                 "definition differs": "no verdict: definition differs"}
 _STATUS_STYLE = {"complete": "green", "failed": "bold red", "interrupted": "yellow"}
 
 
@@ -27,7 +28,8 @@ def _digits(unit: str) -> int:
 def render_comparison(console: Console, comparison: Comparison) -> None:
     cols = [text_col("figure")]
     for run in comparison.runs:
-        label = run.name + (" (literal)" if run.literal else "") + ("" if run.representative else " ⚠")
+        label = run.name + (" (literal)" if run.literal else "") + ("" if run.representative else " ⚠") + (
+            f" ({run.peer['tool']} {run.peer.get('version') or ''})".replace(" )", ")") if run.peer else "")
         cols.append(Col(inert(label)))
     rows = []
     for row in comparison.rows:
@@ -56,6 +58,8 @@ def _comparison_cell(row, fig, ratio) -> Text:
     text = Text(fmt(fig.value, digits) + (f" @{fig.where}" if fig.where else ""))
     if fig.ci:
         text.append(f"\n[{fmt(fig.ci[0], digits)}–{fmt(fig.ci[1], digits)}]", style="dim")
+    if fig.definition_differs and ratio.verdict in ("baseline", "missing"):  # a peer's figure, defined otherwise
+        text.append("\n≠ definition", style="yellow")
     if ratio.verdict != "baseline" and ratio.ratio is not None:
         text.append(f"\n×{fmt_ratio(ratio.ratio)}")
         if ratio.ci:

@@ -12,7 +12,7 @@ from servelab.report.terminal import COUNTED_BY_WORDS, figure_label, fmt, sent_c
 
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise", "no interval": "warn",
                   "inconsistent": "warn", "contended": "warn", "different levels": "warn", "missing": "dim",
-                  "baseline": "dim"}
+                  "definition differs": "warn", "baseline": "dim"}
 HEADLINE_KEYS = ["single.decode_tok_s", "single.output_tok_s", "single.ttft_ms", "single.itl_ms", "single.tpot_ms",
                  "single.e2e_ms", "peak.output_tok_s", "peak.concurrency", "peak.request_s"]
 
@@ -37,7 +37,8 @@ def comparison_section(c: Comparison) -> str:
         parts.append("<ul>" + "".join(
             f"<li class=\"{'serious' if 'NOT REPRESENTATIVE' in v else ''}\">{e(v)}</li>" for v in c.verdicts)
             + "</ul>")
-    head = ["figure"] + [r.name + (" (literal)" if r.literal else "") + ("" if r.representative else " ⚠ not "
+    head = ["figure"] + [r.name + (" (literal)" if r.literal else "") + (
+        f" ({r.peer['tool']} {r.peer.get('version') or ''})".replace(" )", ")") if r.peer else "") + ("" if r.representative else " ⚠ not "
                                                                           "representative") for r in c.runs]
     rows = []
     for row in c.rows:
@@ -49,6 +50,9 @@ def comparison_section(c: Comparison) -> str:
             text = e(fmt(fig.value, 2 if row.unit == "req/s" else 1) + (f" @{fig.where}" if fig.where else ""))
             if fig.ci:
                 text += f" <span class=\"dim\">[{e(fmt(fig.ci[0]))}–{e(fmt(fig.ci[1]))}]</span>"
+            if fig.definition_differs:  # another tool's figure, defined otherwise (compare/peers)
+                text += (f" <span class=\"warn\" title=\"{e(fig.source or '')}: {e(fig.definition_differs)}\">"
+                         f"≠ definition</span>")
             if ratio.verdict != "baseline" and ratio.ratio is not None:
                 text += f"<br>×{fmt_ratio(ratio.ratio)}"
                 if ratio.ci:
