@@ -8,6 +8,7 @@ added to EngineSpec is accepted in experiment files without touching this module
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Annotated, Any, Literal, Optional
@@ -24,6 +25,34 @@ ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class MultiturnSettings(Strict):
+    """A multi-turn level instead of the concurrency sweep (issue 16; `bench --mode multiturn`): `users` users, each
+    through synthetic conversations of `turns` user turns of `input_tokens` tokens after a shared system prompt of
+    `prefix_tokens`, or the conversations of `dataset` (ShareGPT .json or JSONL .jsonl)."""
+
+    users: int = Field(4, ge=1, le=10_000)
+    turns: int = Field(6, ge=1, le=10_000)
+    input_tokens: str | int = 64
+    prefix_tokens: int = Field(128, ge=0)
+    think_time: str | None = None
+    conversations: int | None = Field(None, ge=1)
+    dataset: str | None = None
+    history: Literal["server", "dataset"] = "server"
+
+    def workload(self, output):
+        from pathlib import Path
+
+        from servelab.bench.options import BenchArgs
+        from servelab.bench.workloads.multi import build_multi_workload
+
+        args = BenchArgs(mode="multiturn", users=self.users, think_time=self.think_time, history=self.history,
+                         conversations=self.conversations, endpoint="chat",
+                         dataset=Path(self.dataset) if self.dataset else None)
+        if self.dataset is None:
+            args.turns, args.input_tokens, args.prefix_tokens = self.turns, str(self.input_tokens), self.prefix_tokens
+        return build_multi_workload(args, output)
 
 
 class BenchSettings(Strict):
@@ -45,6 +74,8 @@ class BenchSettings(Strict):
     # window, a window of at least K x their E2E p50.
     min_requests: int = Field(10, ge=1)
     latency_multiple: float = Field(3.0, ge=0)
+    # A multi-turn level in place of the sweep (issue 16): conversations whose history grows turn by turn.
+    multiturn: MultiturnSettings | None = None
 
     def options(self, model: str | None) -> tuple[BenchOptions, BenchOptions | None]:
         workload = Workload(endpoint=ENDPOINTS[self.endpoint], max_tokens=self.max_tokens,
@@ -55,6 +86,13 @@ class BenchSettings(Strict):
         sweep = BenchOptions(mode="sweep", model=model, workload=workload, warmup=self.warmup,
                              level_duration_s=self.level_duration_s, max_concurrency=self.max_concurrency,
                              max_error_rate=self.max_error_rate, steady=steady)
+        if self.multiturn is not None:
+            from servelab.bench.plans import LoadPlan
+            from servelab.bench.workloads import OutputSpec
+
+            output = OutputSpec(max_tokens=self.max_tokens, ignore_eos=self.ignore_eos, temperature=self.temperature)
+            sweep = dataclasses.replace(sweep, mode="multiturn", workload=self.multiturn.workload(output),
+                                        plan=LoadPlan(concurrency=self.multiturn.users))
         return single, sweep if self.sweep else None
 
 
