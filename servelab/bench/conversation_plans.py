@@ -3,7 +3,8 @@
 Each is one level, begun and finished by the same steps as every other mode (bench/runner.py begin_level,
 bench/plans.py _finish: server metrics, recount, figures, steady state, client-lag warning):
 - multiturn, closed loop (no --rate): `users` simulated users share the level's conversations (default one
-  each); tag `u<users>`, mode "concurrency" with concurrency = users.
+  each); tag `u<users>`, mode "concurrency" with concurrency = users. Trial t of an experiment runs
+  conversations t x count onwards, so no trial finds another's conversations in a cache kept between trials.
 - multiturn, open loop (--rate R): conversations start at R per second (arrival process as for rate levels);
   tag `r<R>`, mode "rate". Default conversations: R x the level duration.
 - replay: the trace's requests (the first --requests of them, or all) at their time-scaled arrival times; tag
@@ -60,9 +61,12 @@ async def multiturn_level(state: BenchState, client: StreamClient, target: Targe
     else:
         rate, count, tag = None, workload.count or users, f"u{users}"
         ensure_streams(state, min(users, count), f"{users} users")
-    budget = planned_turns(workload, count)
-    load = {"conversations": count, "turns_planned": budget, "think_time": workload.think.describe(),
-            "history": workload.history}
+    # Each trial of an experiment runs conversations of its own (trial t: numbers t x count ...), so a server kept up
+    # between trials does not find a whole conversation in its cache from the trial before.
+    first = opts.trial * count
+    budget = planned_turns(workload, count, first)
+    load = {"conversations": count, "first_conversation": first, "turns_planned": budget,
+            "think_time": workload.think.describe(), "history": workload.history}
     if open_loop:
         load |= {"conversation_rate": rate, "arrival": plan.arrival, "burstiness": plan.burstiness, "seed": plan.seed,
                  "window": "first scheduled start .. last send"}
@@ -75,10 +79,10 @@ async def multiturn_level(state: BenchState, client: StreamClient, target: Targe
         records, window = await run_conversation_starts(client, workload, target, state.recorder, rate=rate,
                                                         conversations=count, arrival=plan.arrival,
                                                         burstiness=plan.burstiness, seed=plan.seed, tag=tag,
-                                                        control=control)
+                                                        control=control, first=first)
     else:
         records, window = await run_users(client, workload, target, state.recorder, users=users,
-                                          conversations=count, tag=tag, control=control)
+                                          conversations=count, tag=tag, control=control, first=first)
     load["sent"] = len(records)
     return await _finish(state, records, tag=tag, mode="rate" if open_loop else "concurrency",
                          concurrency=0 if open_loop else users, window=window, rate=rate, load=load,

@@ -25,6 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--alias", "-a", default=None, help="model name served in /v1/models")
     p.add_argument("--no-cont-batching", "-nocb", action="store_true")
     p.add_argument("--no-metrics", action="store_true", help="disable the Prometheus /metrics endpoint")
+    # llama-server's --no-cache-prompt: the default of a request's `cache_prompt` (tools/server: a slot reuses the
+    # longest prefix it shares with its last prompt only when the request's cache_prompt is true, the default).
+    p.add_argument("--no-cache-prompt", action="store_true", help="do not reuse cached prompt prefixes")
     p.add_argument("--verbosity", "-lv", type=int, default=3)
     # Speculative decoding, with llama-server's flag names.
     p.add_argument("--spec-type", default="none", choices=sorted(SPEC_TYPES),
@@ -57,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     p.cpuparams_batch.n_threads = args.threads_batch or args.threads
     p.cont_batching = not args.no_cont_batching
     p.endpoint_metrics = not args.no_metrics
+    p.cache_prompt = not args.no_cache_prompt
     p.verbosity = args.verbosity
     if args.alias:
         p.model_alias = {args.alias}

@@ -30,8 +30,8 @@ from servelab.records import RequestRecord
 NS_PER_S = 1_000_000_000
 
 
-def planned_turns(workload, conversations: int) -> int:
-    return sum(len(workload.conversation(i).turns) for i in range(conversations))
+def planned_turns(workload, conversations: int, first: int = 0) -> int:
+    return sum(len(workload.conversation(i).turns) for i in range(first, first + conversations))
 
 
 async def _conversation(client: StreamClient, workload, target: Target, recorder: Recorder, control: LevelControl,
@@ -57,17 +57,18 @@ async def _conversation(client: StreamClient, workload, target: Target, recorder
 
 
 async def run_users(client: StreamClient, workload, target: Target, recorder: Recorder, *, users: int,
-                    conversations: int, tag: str, control: LevelControl | None = None
+                    conversations: int, tag: str, control: LevelControl | None = None, first: int = 0
                     ) -> tuple[list[RequestRecord], tuple[int, int]]:
-    """Closed loop: `users` users share `conversations` conversations (numbered 0..conversations-1)."""
-    control = control or LevelControl(None, duration_s=None, max_requests=planned_turns(workload, conversations))
+    """Closed loop: `users` users share `conversations` conversations (numbered first..first+conversations-1)."""
+    control = control or LevelControl(None, duration_s=None,
+                                      max_requests=planned_turns(workload, conversations, first))
     measured: list[RequestRecord] = []
     next_conversation = 0
 
     async def user() -> None:
         nonlocal next_conversation
         while next_conversation < conversations and control.may_send():
-            i = next_conversation
+            i = first + next_conversation
             next_conversation += 1
             await _conversation(client, workload, target, recorder, control, measured, i, tag)
 
@@ -92,11 +93,11 @@ async def run_users(client: StreamClient, workload, target: Target, recorder: Re
 async def run_conversation_starts(client: StreamClient, workload, target: Target, recorder: Recorder, *,
                                   rate: float, conversations: int, arrival: Arrival = "poisson",
                                   burstiness: float = 1.0, seed: int = 0, tag: str,
-                                  control: LevelControl | None = None
+                                  control: LevelControl | None = None, first: int = 0
                                   ) -> tuple[list[RequestRecord], tuple[int, int]]:
-    """Open loop: conversation i starts at the i-th time of the arrival schedule (`rate` conversations/s)."""
-    control = control or LevelControl(None, duration_s=None, max_requests=planned_turns(workload, conversations),
-                                      open_loop=True)
+    """Open loop: conversation first+i starts at the i-th time of the arrival schedule (`rate` conversations/s)."""
+    control = control or LevelControl(None, duration_s=None,
+                                      max_requests=planned_turns(workload, conversations, first), open_loop=True)
     offsets = schedule_ns(rate=rate, arrival=arrival, burstiness=burstiness, seed=seed, count=conversations)
     measured: list[RequestRecord] = []
     tasks: list[asyncio.Task] = []
@@ -110,7 +111,7 @@ async def run_conversation_starts(client: StreamClient, workload, target: Target
             if not control.may_send(due_ns):
                 break
             tasks.append(asyncio.create_task(_conversation(client, workload, target, recorder, control, measured,
-                                                           i, tag, scheduled_ns=due_ns)))
+                                                           first + i, tag, scheduled_ns=due_ns)))
         await asyncio.gather(*tasks)
         control.end_schedule()
     except asyncio.CancelledError:
