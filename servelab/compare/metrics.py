@@ -151,6 +151,48 @@ def _ms(ns: int | None) -> float | None:
     return ns / m.NS_PER_MS if ns is not None else None
 
 
+def multiturn_level(run: RunData) -> Summary | None:
+    """A multi-turn level (issue 16): the first level with figures per turn."""
+    return next((s for s in (run.sweep.levels if run.sweep else []) if s.turns), None)
+
+
+def _late_ttfts(run: RunData, level: Summary, trial: int | None = None) -> list[float]:
+    """TTFT of the level's late turns: those past the middle of its longest conversation (turns 4-6 of 6)."""
+    last = max(t.turn for t in level.turns)
+    return [v for r in run.records_of(level.tag, trial) if r.turn is not None and r.turn > last / 2
+            and (v := _ms(m.ttft_ns(r))) is not None]
+
+
+def _late_ttft(run: RunData) -> Resampler | None:
+    def part(run: RunData, level: Summary, trial: int) -> Resampler | None:
+        values = _late_ttfts(run, level, trial)
+        return MedianOf(values) if values else None
+    return _over_trials(run, multiturn_level(run), part)
+
+
+def _late_ttft_figure(run: RunData) -> Figure | None:
+    level = multiturn_level(run)
+    values = sorted(_late_ttfts(run, level)) if level else []
+    return Figure(value=m.percentile(values, 50), unit="ms", definition="late-turn-ttft") if values else None
+
+
+def _late_turns(run: RunData) -> str | None:
+    level = multiturn_level(run)
+    if level is None:
+        return None
+    last = max(t.turn for t in level.turns)
+    return f"turns {last // 2 + 1}-{last}"
+
+
+def _hit_ratio_figure(run: RunData) -> Figure | None:
+    level = multiturn_level(run) or next((s for s in (run.sweep.levels if run.sweep else [])
+                                          if "cache_hit_ratio" in s.figures), None)
+    fig = level.figures.get("cache_hit_ratio") if level else None
+    if fig is None or fig.value is None:
+        return None
+    return Figure(value=fig.value * 100, unit="%", definition="cache-hit-ratio", note=f"at {level.tag}")
+
+
 _LIST = [
     KeyMetric("single.decode_tok_s", "single-stream decode tok/s (p50)", "tok/s", True, "decode-tok-s",
               _per_request(m.decode_tok_s)),
@@ -175,5 +217,11 @@ _LIST = [
               reasoning_only=True),
     KeyMetric("reasoning_share", "reasoning share of output tokens %", "%", False, "reasoning-share",
               figure=_share_figure, reasoning_only=True, neutral=True),
+    # Multi-turn levels (issue 16): where a prefix cache decides TTFT, the late turns show it (their history is
+    # long); the engine's cache hit ratio says why (no direction: it explains, it is not the goal).
+    KeyMetric("multiturn.late_ttft_ms", "late-turn TTFT ms (p50)", "ms", False, "late-turn-ttft", _late_ttft,
+              figure=_late_ttft_figure, where=_late_turns),
+    KeyMetric("multiturn.cache_hit_ratio", "prefix cache hit ratio %", "%", True, "cache-hit-ratio",
+              figure=_hit_ratio_figure, neutral=True),
 ]
 KEY_METRICS: dict[str, KeyMetric] = {k.key: k for k in _LIST}
