@@ -7,7 +7,9 @@ c streams against the calibration server (one token every `--itl-ms`, `--osl` to
 requests a stream) keeps up when no request failed and the p50 and p99 of the inter-token gaps the client measured
 are within the tolerance of the gaps the server actually wrote (the definition of benchmarks/client_ceiling.py).
 The ceiling is that level's streamed tokens/s as the server counted them. Concurrency climbs through LEVELS and
-stops after `--misses` levels in a row that did not keep up.
+stops after `--misses` levels in a row that did not count. A level counts only when the server kept its schedule
+too (its writes late by at most one inter-token interval at p99): a saturated server writes in bursts, and a
+client that agrees with a bursty truth was not offered the load; the table says which side ran out first.
 
 The calibration server runs as several processes sharing one port (SO_REUSEPORT), pinned to CPUs of their own
 (`--server-cpus`, default a quarter of the CPUs), so it is not what runs out: every level also records the
@@ -61,12 +63,19 @@ async def level(client, url: str, conc: int, per_stream: int, osl: int) -> dict:
             "gap_ms_p50": percentile(gaps, 50) if gaps else None, "gap_ms_p99": percentile(gaps, 99) if gaps else None}
 
 
-def judge(row: dict, truth: dict, tolerance: float) -> dict:
+def judge(row: dict, truth: dict, tolerance: float, itl_ms: float) -> dict:
+    """The client kept up when its gaps match the truth's within `tolerance` at p50 and p99 and nothing failed.
+    The level counts toward a ceiling only if the server also kept its schedule (its writes late by no more than
+    one inter-token interval at p99): a saturated server writes in bursts, and agreeing with a bursty truth says
+    nothing about the load that was meant to be offered."""
     t50, t99 = truth["itl_ms_p50"], truth["itl_ms_p99"]
     keeps = (row["failed"] == 0 and row["gap_ms_p50"] is not None and t50 is not None and t99 is not None
              and abs(row["gap_ms_p50"] - t50) <= tolerance and abs(row["gap_ms_p99"] - t99) <= tolerance)
+    late = truth.get("late_ms_p99")
+    server_ok = late is not None and late <= itl_ms
     return row | {"server_tokens_s": round(truth["tokens_s"] or 0.0, 1), "true_gap_ms_p50": t50,
-                  "true_gap_ms_p99": t99, "server_late_ms_p99": truth.get("late_ms_p99"), "keeps_up": keeps}
+                  "true_gap_ms_p99": t99, "server_late_ms_p99": late, "keeps_up": keeps,
+                  "server_kept_schedule": server_ok, "counts": keeps and server_ok}
 
 
 async def climb(name: str, make_client, cal, args, levels: list[int]) -> list[dict]:
@@ -77,19 +86,19 @@ async def climb(name: str, make_client, cal, args, levels: list[int]) -> list[di
             since = time.perf_counter_ns()
             row = await level(client, cal.url, conc, args.requests_per_stream, args.osl)
             truth = await asyncio.get_running_loop().run_in_executor(None, cal.summary, since)
-            row = judge({"client": name, "concurrency": conc} | row, truth, args.tolerance_ms)
+            row = judge({"client": name, "concurrency": conc} | row, truth, args.tolerance_ms, args.itl_ms)
             if hasattr(client, "provenance"):
                 row["clock_error_us_max"] = max((w.clock_error_ns or 0) for w in client.provenance()) / 1000
             rows.append(row)
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
-            misses = 0 if row["keeps_up"] else misses + 1
+            misses = 0 if row["counts"] else misses + 1
             if misses >= args.misses:
                 break
     return rows
 
 
 def ceiling(rows: list[dict]) -> dict | None:
-    good = [r for r in rows if r["keeps_up"]]
+    good = [r for r in rows if r["counts"]]
     return max(good, key=lambda r: r["server_tokens_s"]) if good else None
 
 
@@ -155,18 +164,23 @@ def main() -> None:
     print(f"\nhost: {host.cpu_model}, {cpus} CPUs ({server_cpus} for the calibration server, {client_cpus} for the "
           f"coordinator and workers), load avg {os.getloadavg()[0]:.2f}; truth: {args.itl_ms} ms between tokens, "
           f"{args.osl} tokens a request; tolerance {args.tolerance_ms} ms on p50 and p99 gaps")
-    print(f"{'client':18} {'ceiling tok/s':>14} {'at conc':>8} {'x 1 worker':>11} {'target':>7}")
+    print(f"{'client':18} {'ceiling tok/s':>14} {'at conc':>8} {'x 1 worker':>11} {'target':>7}  first level out")
     summary = {}
     for name in names:
         best = ceilings[name]
         n = int(name.split()[0]) if name[0].isdigit() else None
         ratio = best["server_tokens_s"] / one["server_tokens_s"] if best and one else None
-        summary[name] = {"ceiling_tokens_s": best["server_tokens_s"] if best else None,
+        mine = [r for r in rows if r["client"] == name]
+        out = next((r for r in mine if not r["counts"]), None)
+        limit = None if out is None else ("client" if not out["keeps_up"] and out["server_kept_schedule"] else
+                                          "server" if out["keeps_up"] else "both")
+        summary[name] = {"ceiling_tokens_s": best["server_tokens_s"] if best else None, "limit": limit,
                          "at_concurrency": best["concurrency"] if best else None, "x_one_worker": ratio,
                          "target_x": 0.8 * n if n else None}
         print(f"{name:18} {best['server_tokens_s'] if best else 0:>14,.0f} {best['concurrency'] if best else '-':>8} "
               f"{'' if ratio is None else f'{ratio:.2f}':>11} {'' if not n else f'{0.8 * n:.1f}':>7}"
-              + ("" if best else "   never kept up"))
+              + (f"  c{out['concurrency']}: {limit} (server late p99 {out['server_late_ms_p99']:.1f} ms)"
+                 if out else "") + ("" if best else "   never kept up"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"host": host.model_dump(), "cpus": cpus, "server_cpus": server_cpus,
                                     "pinning": pinning, "loadavg_1m": os.getloadavg()[0],
