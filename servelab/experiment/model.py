@@ -76,8 +76,15 @@ class BenchSettings(Strict):
     latency_multiple: float = Field(3.0, ge=0)
     # A multi-turn level in place of the sweep (issue 16): conversations whose history grows turn by turn.
     multiturn: MultiturnSettings | None = None
+    # The sweep sent from worker processes (issue 15; docs/metrics.md#clocks): a number, or "auto"; with `ray`
+    # ("auto" or a Ray cluster's address) as Ray actors. None: the bench process sends, as before.
+    workers: int | Literal["auto"] | None = Field(None)
+    ray: str | None = None
 
     def options(self, model: str | None) -> tuple[BenchOptions, BenchOptions | None]:
+        from servelab.bench.options import check_ray
+        from servelab.bench.workers import parse_workers
+
         workload = Workload(endpoint=ENDPOINTS[self.endpoint], max_tokens=self.max_tokens,
                             temperature=self.temperature, ignore_eos=self.ignore_eos)
         single = BenchOptions(mode="single", model=model, workload=workload, single_requests=self.single_requests,
@@ -85,7 +92,8 @@ class BenchSettings(Strict):
         steady = SteadyRule(min_completed=self.min_requests, latency_multiple=self.latency_multiple)
         sweep = BenchOptions(mode="sweep", model=model, workload=workload, warmup=self.warmup,
                              level_duration_s=self.level_duration_s, max_concurrency=self.max_concurrency,
-                             max_error_rate=self.max_error_rate, steady=steady)
+                             max_error_rate=self.max_error_rate, steady=steady,
+                             workers=parse_workers(self.workers), ray=check_ray(self.ray, self.workers))
         if self.multiturn is not None:
             from servelab.bench.plans import LoadPlan
             from servelab.bench.workloads import OutputSpec
