@@ -591,13 +591,15 @@ def doctor_cmd(
 def export_cmd(
     run_dir: Annotated[str, typer.Argument(help="A run directory (summary.json + records.jsonl), or a run id "
                                                 "from the store.")],
-    fmt: Annotated[str, typer.Option("--format", help="csv or json.")] = "csv",
+    fmt: Annotated[str, typer.Option("--format", help="csv, json, or vllm (each level as a vllm bench serve "
+                                                      "--save-result JSON).")] = "csv",
     to: Annotated[Optional[Path], typer.Option(help="Directory to write into (default: the run "
                                                     "directory).")] = None,
     out: OutOpt = Path("runs"),
     store: StoreOpt = None,
 ) -> None:
-    """Export a run's per-request records and level summaries as CSV or JSON (columns: docs/output.md)."""
+    """Export a run's per-request records and level summaries as CSV or JSON, or each level in vLLM's bench
+    result shape (docs/output.md)."""
     from servelab.store.db import default_store_path
     from servelab.store.export import export_run
 

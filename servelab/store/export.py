@@ -24,7 +24,7 @@ from servelab.errors import UserError
 from servelab.records import RequestRecord, Summary
 from servelab.store.rundir import read_records
 
-FORMATS = ("csv", "json")
+FORMATS = ("csv", "json", "vllm")  # vllm: one vllm-bench-serve-shaped JSON per level (store/export_vllm.py)
 
 RECORD_COLUMNS = [
     "index", "trial", "tag", "warmup", "endpoint", "ok", "error_kind", "http_status", "error_detail",
@@ -166,7 +166,7 @@ def export_run_dir(run_dir: Path, fmt: str, to: Path | None = None) -> tuple[lis
     if fmt not in FORMATS:
         raise UserError(f"unknown export format '{fmt}'", hint=f"use one of {', '.join(FORMATS)}")
     records, levels, notes = load_run(run_dir)
-    write = export_csv if fmt == "csv" else export_json
+    write = _writer(fmt, _model_of(run_dir))
     return write(records, levels, to or run_dir), notes
 
 
@@ -193,8 +193,25 @@ def export_run(ref: str, fmt: str, to: Path | None, store_path: Path) -> tuple[l
     notes = ["the run was interrupted: its last level is partial"] if summary.status == "interrupted" else []
     run_dir = Path(meta["run_dir"]) if meta["run_dir"] else None
     target = to or (run_dir if run_dir and run_dir.is_dir() else Path(run_id))
-    write = export_csv if fmt == "csv" else export_json
+    write = _writer(fmt, summary.provenance.model or "")
     return write(records, levels, target), notes
+
+
+def _writer(fmt: str, model: str):
+    if fmt == "vllm":
+        from servelab.store.export_vllm import export_vllm
+
+        return lambda records, levels, out_dir: export_vllm(records, levels, out_dir, model=model)
+    return export_csv if fmt == "csv" else export_json
+
+
+def _model_of(run_dir: Path) -> str:
+    """The model a run directory's summary names (BenchResult.model, or RunSummary.provenance.model)."""
+    try:
+        doc = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        return str(doc.get("model") or (doc.get("provenance") or {}).get("model") or "")
+    except (OSError, ValueError, AttributeError):
+        return ""
 
 
 def _write_csv(path: Path, columns: list[str], rows) -> None:
