@@ -85,6 +85,9 @@ def testsuite(result: VerifyResult, name: str, index: int = 0, timestamp: float 
         ET.SubElement(case, "system-out").text = xml_text(case_output(check))
         if check.outcome == "warn":
             ET.SubElement(case, "system-err").text = f"WARNING: {reason}\n"
+    # The Ant schema requires the suite's own output elements, even empty
+    ET.SubElement(suite, "system-out").text = ""
+    ET.SubElement(suite, "system-err").text = ""
     return suite
 
 
