@@ -126,6 +126,13 @@ def render_show(console: Console, run) -> None:
     for bench in run.benches:
         render_levels(console, bench)
     render_headline(console, run.headline, title="headline", not_representative=bool(run.serious))
+    if run.peer is not None:  # another tool's result file (compare/peers)
+        peer = run.peer
+        console.print(Text(inert(f"from {peer.tool}" + (f" {peer.version}" if peer.version else "")
+                                 + (f": {'; '.join(peer.notes)}" if peer.notes else ""))))
+        for d in peer.definitions:
+            console.print(Text(inert(f"  {'same' if d.matches else 'DIFFERS'}  {d.key} <- {d.theirs}: {d.why}"),
+                               style="" if d.matches else "yellow"))
     prov = run.provenance
     if prov is not None:
         console.print(Text(inert(f"engine: {prov.engine_version or prov.engine}   "

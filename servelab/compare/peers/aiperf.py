@@ -31,6 +31,7 @@ from typing import Any
 from servelab.compare.peers import (Definition, PeerFileError, PeerFormat, PeerInfo, need, number, numbers,
                                     read_json)
 from servelab.compare.peers.build import PeerLevel, PeerRequest, peer_run
+from servelab.records import Distribution
 
 TOOL = "aiperf"
 TO_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "sec": 1e3, "s": 1e3}
@@ -55,6 +56,17 @@ def _metric(doc: dict, key: str, stat: str, path: Path, to: dict[str, float] | N
     if unit not in to:
         raise PeerFileError(f"{path}: '{key}' is in '{unit}', a unit servelab does not know")
     return value * to[unit]
+
+
+def _dist(doc: dict, key: str, path: Path, to: dict[str, float] | None) -> Distribution | None:
+    """AIPerf's own statistics of a metric as a Distribution, when it has all of them."""
+    m = doc.get(key)
+    if not isinstance(m, dict) or not all(isinstance(m.get(k), (int, float)) for k in
+                                          ("count", "avg", "min", "p50", "p90", "p95", "p99", "max")):
+        return None
+    f = to.get(m.get("unit", "ms"), 1.0) if to else 1.0
+    return Distribution(n=int(m["count"]), mean=m["avg"] * f, min=m["min"] * f, p50=m["p50"] * f, p90=m["p90"] * f,
+                        p95=m["p95"] * f, p99=m["p99"] * f, max=m["max"] * f)
 
 
 def _load_phase(doc: dict) -> tuple[int | None, float | None]:
@@ -171,6 +183,12 @@ def load(path: Path, doc: Any):
         e2e_ms=_metric(doc, "request_latency", "p50", path, TO_MS),
         output_tok_s=_metric(doc, "output_token_throughput", "avg", path),
         request_s=_metric(doc, "request_throughput", "avg", path))
+    for name, key, to in (("ttft_ms", "time_to_first_token", TO_MS), ("itl_ms", "inter_chunk_latency", TO_MS),
+                          ("e2e_ms", "request_latency", TO_MS), ("decode_tok_s", "output_token_throughput_per_user",
+                                                                 None)):
+        dist = _dist(doc, key, path, to)
+        if dist is not None:
+            level.dists[name] = dist
     notes = []
     jsonl = path.with_name(path.name.replace("_aiperf.json", ".jsonl")) if path.name.endswith("_aiperf.json") \
         else path.with_name("profile_export.jsonl")

@@ -4,7 +4,7 @@ RequestRecords rebuilt from per-request data when the file has it.
 A rebuilt record holds what the peer measured, in its own terms: its send time (0 when the file has no timeline),
 its first timed chunk at send + its TTFT, then one event per later chunk at the gaps it recorded. Tokens per chunk
 are not in any of these files; the request's output tokens are spread over its chunks (the first chunk carries
-one, unless there are more chunks than tokens), so a request's tokens after its first chunk and the span from its
+one; with more chunks than tokens, as vLLM's role and finish chunks make, those carry none), so a request's tokens after its first chunk and the span from its
 first to its last chunk are the peer's own, and servelab's per-request definitions (decode tok/s, TTFT) computed
 from the record give the peer's figure by servelab's formula.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servelab.compare.peers import PeerInfo
-from servelab.records import BenchResult, Figure, RequestRecord, Summary, TokenEvent, Trial, Usage
+from servelab.records import BenchResult, Distribution, Figure, RequestRecord, Summary, TokenEvent, Trial, Usage
 
 NS_PER_MS = 1_000_000
 
@@ -50,6 +50,8 @@ class PeerLevel:
     request_s: float | None = None
     requests_data: list[PeerRequest] = field(default_factory=list)
     timeline: bool = False  # requests_data carry start times on one clock (a throughput interval can be drawn)
+    # The peer's own distributions where its file has every statistic (figure key -> Distribution)
+    dists: dict[str, Distribution] = field(default_factory=dict)
 
     @property
     def tag(self) -> str:
@@ -88,28 +90,50 @@ def spread(tokens: int | None, chunks: int) -> list[int]:
         return []
     if tokens is None or tokens == chunks:
         return [1] * chunks
-    if tokens < chunks:  # chunks without a token (a role chunk, a finish chunk): the token-bearing ones are unknown
-        return [0] * (chunks - tokens) + [1] * tokens if tokens > 0 else [0] * chunks
+    if tokens < chunks:
+        # Chunks without a token: vLLM times the role chunk first and the finish chunk last (one more chunk: the
+        # role chunk; two more: both); further empty ones are taken to come right after the role chunk.
+        if tokens <= 0:
+            return [0] * chunks
+        extra = chunks - tokens
+        tail = 1 if extra >= 2 else 0
+        return [0] * (extra - tail) + [1] * tokens + [0] * tail
     rest, extra = divmod(tokens - 1, chunks - 1) if chunks > 1 else (0, 0)
     if chunks == 1:
         return [tokens]
     return [1] + [rest + (1 if i < extra else 0) for i in range(chunks - 1)]
 
 
-def _fig(value: float | None, unit: str, definition: str, note: str) -> Figure | None:
-    return Figure(value=value, unit=unit, definition=definition, counted_by=None, note=note) if value is not None \
-        else None
+# A level's figure -> the key figures it stands for (compare/metrics.py), whose definition notes it carries.
+_KEYS = {"ttft_ms": ("single.ttft_ms", "load.ttft_ms"), "decode_tok_s": ("single.decode_tok_s",),
+         "itl_ms": ("single.itl_ms",), "output_tok_s": ("peak.output_tok_s",)}
 
 
-def level_summary(level: PeerLevel, tool: str) -> Summary:
-    figures = {k: f for k, f in {
-        "ttft_ms": _fig(level.ttft_ms, "ms", "ttft", f"{tool}'s TTFT p50"),
-        "decode_tok_s": _fig(level.decode_tok_s, "tok/s", "decode-tok-s", f"from {tool}'s per-request figures"),
-        "itl_ms": _fig(level.itl_ms, "ms", "itl", f"{tool}'s ITL p50"),
-        "e2e_ms": _fig(level.e2e_ms, "ms", "e2e", f"{tool}'s E2E p50"),
-        "output_tok_s": _fig(level.output_tok_s, "tok/s", "output-tok-s", f"{tool}'s output throughput"),
-        "request_s": _fig(level.request_s, "req/s", "request-s", f"{tool}'s request throughput"),
-    }.items() if f is not None}
+def _note(info: PeerInfo, name: str, single: bool) -> str:
+    keys = _KEYS.get(name, ())
+    d = next((info.definition(k) for k in keys if info.definition(k) and (single or not k.startswith("single."))),
+             None)
+    if d is None:
+        return f"{info.tool}'s own figure"
+    return f"{info.tool}: {d.theirs}" + ("" if d.matches else " (defined differently)")
+
+
+def level_summary(level: PeerLevel, info: PeerInfo) -> Summary:
+    single = level.tag == "single"
+    specs = {"ttft_ms": (level.ttft_ms, "ms", "ttft"), "decode_tok_s": (level.decode_tok_s, "tok/s", "decode-tok-s"),
+             "itl_ms": (level.itl_ms, "ms", "itl"), "e2e_ms": (level.e2e_ms, "ms", "e2e"),
+             "output_tok_s": (level.output_tok_s, "tok/s", "output-tok-s"),
+             "request_s": (level.request_s, "req/s", "request-s")}
+    if level.e2e_ms is None:  # not among the statistics the file kept: from its requests, when it has them
+        e2e = sorted(r.e2e_ms for r in level.requests_data if r.ok and r.e2e_ms is not None)
+        if e2e:
+            from servelab.bench.metrics import percentile
+
+            specs["e2e_ms"] = (percentile(e2e, 50), "ms", "e2e")
+    # Every figure a level table shows is there, None where the file has no such figure ("–").
+    figures = {name: Figure(value=value, unit=unit, definition=definition, dist=level.dists.get(name),
+                            note=_note(info, name, single) if value is not None else f"not in {info.tool}'s file")
+               for name, (value, unit, definition) in specs.items()}
     mode = "single" if level.tag == "single" else "rate" if level.rate is not None else "concurrency"
     return Summary(tag=level.tag, mode=mode, concurrency=level.concurrency or 0, requests=level.requests,
                    ok=level.ok, failed=level.failed, window_s=level.duration_s, figures=figures, rate=level.rate)
@@ -124,7 +148,7 @@ def peer_run(name: str, info: PeerInfo, levels: list[PeerLevel], model: str = ""
     single_levels: list[Summary] = []
     sweep_levels: list[Summary] = []
     for level in levels:
-        summary = level_summary(level, info.tool)
+        summary = level_summary(level, info)
         (single_levels if summary.mode == "single" else sweep_levels).append(summary)
         records += records_of(level, summary.tag, endpoint, len(records))
     single = sweep = None
@@ -133,12 +157,12 @@ def peer_run(name: str, info: PeerInfo, levels: list[PeerLevel], model: str = ""
         s = single_levels[0]
         single = BenchResult(url=url or "peer", model=model, mode="single", workload={}, levels=single_levels)
         for key in ("decode_tok_s", "ttft_ms", "itl_ms", "e2e_ms", "output_tok_s"):
-            if key in s.figures:
+            if s.figures[key].value is not None:
                 headline[f"single.{key}"] = s.figures[key]
         single.headline = dict(headline)
     if sweep_levels:
         sweep = BenchResult(url=url or "peer", model=model, mode="sweep", workload={}, levels=sweep_levels)
-        rated = [s for s in sweep_levels if s.figures.get("output_tok_s")]
+        rated = [s for s in sweep_levels if s.figures["output_tok_s"].value is not None]
         if rated:
             best = max(rated, key=lambda s: s.figures["output_tok_s"].value or 0.0)
             headline["peak.output_tok_s"] = best.figures["output_tok_s"]

