@@ -94,3 +94,23 @@ def test_verify_cli_writes_junit(tmp_path, schema):
     schema.validate(str(out))
     names = [c.get("name").split(":")[0] for c in ET.parse(out).getroot().iter("testcase")]
     assert names == ["models", "chat", "chat_stream"]
+
+
+def test_run_writes_one_suite_per_cell(tmp_path, schema):
+    """`servelab run EXP --junit FILE`: each cell's verify step is a test suite named after the cell (cells are
+    URLs of the calibration server, so nothing is launched)."""
+    from servelab.calibration import Script, start_calibration_server
+
+    with start_calibration_server(Script(output_tokens=6, ttft_ms=5, itl_ms=3)) as cal:
+        exp = tmp_path / "exp.yaml"
+        exp.write_text("name: junit-demo\nbench: {single_requests: 2, max_tokens: 6, warmup: 0, sweep: false}\n"
+                       "verify: {only: [models, chat_stream]}\ncells:\n"
+                       f"  - {{name: first, url: {cal.url}}}\n  - {{name: second, url: {cal.url}}}\n")
+        out = tmp_path / "verify.xml"
+        proc = subprocess.run([sys.executable, "-m", "servelab.cli", "run", str(exp), "--out", str(tmp_path / "runs"),
+                               "--junit", str(out)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode in (0, 1), proc.stderr  # 1 when a check fails on the calibration server
+    schema.validate(str(out))
+    root = ET.parse(out).getroot()
+    assert [s.get("name") for s in root.findall("testsuite")] == ["first", "second"]
+    assert all(len(s.findall("testcase")) == 2 for s in root.findall("testsuite"))
