@@ -312,7 +312,28 @@ def startup_timeline(runs: list[RunData]) -> Chart:
                               height=height, xaxis={"range": [0, right]}, margin={"r": 90})}
 
 
+def ttft_by_turn(runs: list[RunData]) -> Chart:
+    """Multi-turn levels (issue 16): TTFT p50 against the turn index, one line per run, each point's hover with the
+    share of that turn's prompt the engine served from its cache (what explains the line's slope)."""
+    from servelab.compare.metrics import multiturn_level
+
+    labels = run_labels(runs)
+    data = []
+    for i, run in enumerate(runs):
+        level = multiturn_level(run)
+        turns = [t for t in (level.turns if level else []) if t.ttft_ms is not None]
+        shares = ["–" if t.cached_share is None else f"{t.cached_share * 100:.0f} %" for t in turns]
+        data.append({"type": "scatter", "mode": "lines+markers", "name": labels[i], "marker": {"color": _color(i)},
+                     "line": {"color": _color(i)}, "x": [t.turn for t in turns], "y": [t.ttft_ms.p50 for t in turns],
+                     "text": shares,
+                     "hovertemplate": "turn %{x}: TTFT p50 %{y:,.0f} ms, %{text} of the prompt from cache<extra>"
+                                      + labels[i] + "</extra>"})
+    return {"id": "ttft-by-turn", "data": data,
+            "layout": _layout("TTFT p50 by turn (multi-turn conversations)", "turn of the conversation",
+                              "TTFT p50 (ms)", xaxis={"dtick": 1}, yaxis={"rangemode": "tozero"})}
+
+
 def all_charts(runs: list[RunData]) -> list[Chart]:
     charts = [throughput_vs_concurrency(runs), ttft_vs_throughput(runs), itl_vs_throughput(runs),
-              ttft_distribution(runs), itl_distribution(runs), startup_timeline(runs)]
+              ttft_distribution(runs), itl_distribution(runs), ttft_by_turn(runs), startup_timeline(runs)]
     return [c for c in charts if any((t.get("x") or t.get("y")) for t in c["data"])]
