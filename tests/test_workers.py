@@ -79,8 +79,8 @@ def test_a_level_through_two_workers_streams_every_record_back(cal, tmp_path) ->
     assert sorted(r.index for r in measured) == list(range(40))  # the coordinator numbered them, none lost
     # Both workers sent, and split the four streams evenly (each request went to the least busy worker).
     assert [w.requests for w in workers] == [20, 20] and all(w.status == "ok" for w in workers)
-    stored = read_records(rundir.path / "records.jsonl")
-    assert [r.model_dump() for r in stored] == [r.model_dump() for r in measured]
+    stored = read_records(rundir.path / "records.jsonl.gz")
+    assert [r.model_dump_json() for r in stored] == [r.model_dump_json() for r in measured]  # as written
     assert figures(summarize(stored, tag="c4", mode="concurrency", concurrency=4, window=window)) == \
         figures(summarize(measured, tag="c4", mode="concurrency", concurrency=4, window=window))
     # One host, one boot: the clocks are one, so nothing is shifted, and the measured offset is within its bound.
@@ -201,3 +201,30 @@ def test_workers_refuse_nonsense_before_anything_is_sent() -> None:
         build_options(BenchArgs(mode="single", workers="0"))
     with pytest.raises(UserError, match="--workers"):
         build_options(BenchArgs(mode="single", ray="auto"))
+
+
+def test_an_interrupted_level_gets_each_request_in_flight_back_from_its_worker() -> None:
+    slow = Script(ttft_ms=5, itl_ms=20, output_tokens=50)  # about 1 s a request
+
+    async def go(url: str):
+        recorder = Recorder()
+        async with WorkerPool(url, ClientOptions(), 2) as pool:
+            level = asyncio.create_task(run_concurrency(pool, Workload(max_tokens=50), TARGET, recorder,
+                                                        concurrency=4, duration_s=30))
+            while sum(1 for r in recorder.records if r.ok) < 4:  # a round of requests done, the next in flight
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)
+            level.cancel()  # what Ctrl-C does to the level
+            with pytest.raises(asyncio.CancelledError):
+                await level
+            handed = sum(w.requests for w in pool.workers)
+        recorder.add_cancelled(pool)  # what the runner does last: records that came back late, if any
+        return recorder.records, handed
+
+    with start_calibration_server(slow) as server:
+        records, handed = asyncio.run(go(server.url))
+    assert len(records) == handed  # every request handed to a worker has its record
+    cut = [r for r in records if r.error_kind == "cancelled"]
+    assert len(cut) == 4
+    # Each is the worker's own record of it: what it had received when it was cancelled, not a stand-in.
+    assert all((r.error_detail or "").startswith("cancelled after") and r.events for r in cut)

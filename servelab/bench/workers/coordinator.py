@@ -48,7 +48,8 @@ CONNECT_TIMEOUT_S = 60.0  # all workers connected and said hello
 RAY_CONNECT_TIMEOUT_S = 180.0  # Ray may have to start worker processes on other hosts first
 PING_TIMEOUT_S = 5.0
 PINGS = 16  # clock exchanges per measurement; the one with the shortest round trip counts
-CANCEL_WAIT_S = 2.0  # a cancelled request's record (what it received) is awaited this long from its worker
+CANCEL_WAIT_S = 2.0
+INTERRUPT_READ_S = 5.0  # after Ctrl-C, workers' records are still read this long (see _read_loop)  # a cancelled request's record (what it received) is awaited this long from its worker
 DISPATCH_LEAD_NS = 20_000_000  # open loop: hand a request to its worker this long before its scheduled time
 
 
@@ -71,6 +72,14 @@ class _Worker:
     def write(self, data: bytes) -> None:
         if self.writer is not None and not self.writer.is_closing():
             self.writer.write(data)
+
+
+def _lost(spec: RequestSpec, scheduled_ns: int | None, handed_ns: int, now_ns: int, why: str) -> RequestRecord:
+    """The record of a request whose worker's own record of it cannot come back: cancelled, saying why."""
+    return RequestRecord(index=spec.index, tag=spec.tag, warmup=spec.warmup, endpoint=spec.endpoint,
+                         input_tokens=spec.input_tokens, max_tokens=spec.body.get("max_tokens"),
+                         scheduled_ns=scheduled_ns, t_send_ns=scheduled_ns if scheduled_ns is not None else handed_ns,
+                         t_end_ns=now_ns, ok=False, error_kind="cancelled", error_detail=why)
 
 
 class LocalProcesses:
@@ -190,6 +199,26 @@ class WorkerPool:
         await self._shutdown()
 
     async def _shutdown(self) -> None:
+        in_hand = [(w, rid) for w in self.workers if w.alive for rid in w.pending]
+        for w, rid in in_hand:  # a run that ends with requests in flight (interrupted): their records first
+            w.write(frame(["cancel", rid]))
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while any(w.pending for w in self.workers if w.alive) and time.monotonic() < deadline:
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                break
+        now = time.perf_counter_ns()
+        for w in self.workers:
+            for _, (fut, spec, scheduled_ns, handed_ns) in list(w.pending.items()):
+                record = _lost(spec, scheduled_ns, handed_ns, now,
+                               f"the bench ended with the request in flight at worker {w.id}, whose record of it "
+                               f"did not come back")
+                if not fut.done():
+                    fut.set_result(record)
+                else:
+                    self.cancelled.append(record)
+            w.pending.clear()
         self._closing = True
         for w in self.workers:
             w.write(frame(["quit"]))
@@ -248,14 +277,33 @@ class WorkerPool:
     # ---- what the workers say ----
     async def _read_loop(self, w: _Worker, reader: asyncio.StreamReader) -> None:
         why = "its connection ended"
+        ahead: asyncio.Future | None = None  # the frame being read (shielded: a frame is never cut in two)
+        interrupted_at: float | None = None
         try:
             while True:
-                header, payload = await read_frame(reader)
+                if ahead is None:
+                    ahead = asyncio.ensure_future(read_frame(reader))
+                try:
+                    header, payload = await asyncio.shield(ahead)
+                except asyncio.CancelledError:
+                    # Ctrl-C cancels every task at once, this one too: keep reading (a few seconds at most) so the
+                    # records of the requests being cancelled still come back, until the pool closes.
+                    now = time.monotonic()
+                    interrupted_at = interrupted_at or now
+                    if self._closing or now - interrupted_at > INTERRUPT_READ_S:
+                        ahead.cancel()
+                        raise
+                    continue
+                ahead = None
                 kind = header[0]
                 if kind == "rec":
                     entry = w.pending.pop(header[1], None)
-                    if entry is not None and not entry[0].done():
-                        entry[0].set_result(decode_record(payload or b"", w.applied_offset_ns))
+                    if entry is not None:
+                        record = decode_record(payload or b"", w.applied_offset_ns)
+                        if not entry[0].done():
+                            entry[0].set_result(record)
+                        else:  # nobody waits for it any more (its send gave up): kept as cancelled ones are
+                            self.cancelled.append(record)
                 elif kind == "unsent":
                     entry = w.pending.pop(header[1], None)
                     if entry is not None and not entry[0].done():
@@ -286,14 +334,12 @@ class WorkerPool:
         w.pending.clear()
         tags = sorted({spec.tag for _, (_, spec, _, _) in lost if spec.tag})
         for _, (fut, spec, scheduled_ns, handed_ns) in lost:
-            if fut.done():
-                continue
-            fut.set_result(RequestRecord(
-                index=spec.index, tag=spec.tag, warmup=spec.warmup, endpoint=spec.endpoint,
-                input_tokens=spec.input_tokens, max_tokens=spec.body.get("max_tokens"), scheduled_ns=scheduled_ns,
-                t_send_ns=scheduled_ns if scheduled_ns is not None else handed_ns, t_end_ns=now, ok=False,
-                error_kind="cancelled",
-                error_detail=f"{where} died with the request in flight ({w.died}): what it had received is lost"))
+            record = _lost(spec, scheduled_ns, handed_ns, now,
+                           f"{where} died with the request in flight ({w.died}): what it had received is lost")
+            if not fut.done():
+                fut.set_result(record)
+            else:
+                self.cancelled.append(record)
         for fut in w.pongs.values():
             if not fut.done():
                 fut.set_exception(ConnectionError(why))
@@ -349,15 +395,17 @@ class WorkerPool:
         on_worker = None if scheduled_ns is None else scheduled_ns + w.applied_offset_ns
         w.write(frame(["req", rid, encode_spec(spec), on_worker]))
         try:
-            record = await fut
+            record = await asyncio.shield(fut)  # cancelling this send must not cancel the worker's answer
         except asyncio.CancelledError:
             if not fut.done():
                 w.write(frame(["cancel", rid]))
             try:
                 record = await asyncio.wait_for(asyncio.shield(fut), CANCEL_WAIT_S)
             except (TimeoutError, asyncio.CancelledError):
+                # Not back yet: it stays in hand, and when it comes (or the pool closes without it) it joins
+                # `cancelled`, where the runner takes the last records of an interrupted run from.
                 record = None
-                w.pending.pop(rid, None)
+                fut.cancel()
             if record is not None:
                 self.cancelled.append(record)
             raise

@@ -77,22 +77,22 @@ def decode_spec(data: dict[str, Any]) -> RequestSpec:
 # ---- records ----
 
 def encode_record(record: RequestRecord) -> bytes:
-    return record.model_dump_json().encode()
+    """The record whole: every event with its own text (`events_text`), so the coordinator holds what the worker
+    held (a later token recount, a multi-turn history and records.jsonl read the same as from one process)."""
+    return record.model_dump_json(context={"events_text": True}).encode()
 
 
 TIME_FIELDS = ("scheduled_ns", "t_send_ns", "t_headers_ns", "t_end_ns")
 
 
 def decode_record(payload: bytes, shift_ns: int = 0) -> RequestRecord:
-    """A record from a worker, its times moved by `shift_ns` (coordinator clock = worker clock - offset). With no
-    shift the JSON goes straight to pydantic; with one, every absolute time moves by the same integer, so every
-    difference inside the record is unchanged."""
-    if not shift_ns:
-        return RequestRecord.model_validate_json(payload)
-    data = orjson.loads(payload)
-    for key in TIME_FIELDS:
-        if data.get(key) is not None:
-            data[key] -= shift_ns
-    for event in data.get("events") or ():
-        event["t_ns"] -= shift_ns
-    return RequestRecord.model_validate(data)
+    """A record from a worker, its times moved by `shift_ns` (coordinator clock = worker clock - offset): every
+    absolute time moves by the same integer, so every difference inside the record is unchanged."""
+    record = RequestRecord.model_validate_json(payload)
+    if shift_ns:
+        for key in TIME_FIELDS:
+            value = getattr(record, key)
+            if value is not None:
+                setattr(record, key, value - shift_ns)
+        record.events = [e.model_copy(update={"t_ns": e.t_ns - shift_ns}) for e in record.events]
+    return record
