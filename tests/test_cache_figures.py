@@ -5,7 +5,11 @@ over the prompts it has seen, reporting its counts the way llama.cpp (timings.ca
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -52,8 +56,8 @@ class PrefixCacheFake:
     seen before (at least one token is always computed, as engines do). It answers each turn with a few fixed
     words and remembers what it reported, per request."""
 
-    def __init__(self, style: str):
-        self.style = style
+    def __init__(self, style: str, cache: bool = True, ms_per_uncached_token: float = 0.0):
+        self.style, self.cache, self.ms_per_uncached_token = style, cache, ms_per_uncached_token
         self.seen: list[list[str]] = []
         self.reported: list[tuple[int, int]] = []  # (cached, prompt) per request, in arrival order
 
@@ -64,12 +68,13 @@ class PrefixCacheFake:
         body = await request.json()
         prompt = self.tokens(body["messages"])
         cached = max((n for n in (self._common(prompt, p) for p in self.seen)), default=0)
-        cached = min(cached, len(prompt) - 1)
+        cached = min(cached, len(prompt) - 1) if self.cache else 0
         self.seen.append(prompt)
         self.reported.append((cached, len(prompt)))
         answer = ["sure", "thing", "here"][: body.get("max_tokens", 3)]
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        await asyncio.sleep((len(prompt) - cached) * self.ms_per_uncached_token / 1000)  # "prefill"
         for w in answer:
             await resp.write(f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': w + ' '}}]})}\n\n"
                              .encode())
@@ -133,3 +138,39 @@ def test_multiturn_cache_figures_equal_what_the_engine_reported(tmp_path, style)
     for t in level.turns:
         mine = [(r.usage.cached_tokens, r.usage.prompt_tokens) for r in records if r.turn == t.turn]
         assert t.requests == 4 and t.cached_share == pytest.approx(sum(c for c, _ in mine) / sum(p for _, p in mine))
+
+
+def test_compare_and_report_show_late_turn_ttft_and_the_cache_behind_it(tmp_path) -> None:
+    """bench --out against a fake that prefills 1 ms per uncached token, with its cache and without, then compare
+    and report: late-turn TTFT is better with the cache, the hit ratio row says why, the report charts TTFT by
+    turn."""
+    lines = [{"messages": [m for k in range(6) for m in ({"role": "user", "content": f"question {c} {k} " * 20},
+                                                         {"role": "assistant", "content": "recorded"})]}
+             for c in range(4)]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    cli = [sys.executable, "-m", "servelab.cli"]
+    dirs = []
+    for cache in (False, True):
+        with serving(PrefixCacheFake("llamacpp", cache=cache, ms_per_uncached_token=1.0).app()) as url:
+            done = subprocess.run([*cli, "bench", url, "--mode", "multiturn", "--users", "2", "--conversations", "4",
+                                   "--dataset", str(path), "--max-tokens", "3", "--warmup", "0", "--tokenizer", "none",
+                                   "--out", str(tmp_path / "runs"), "--json"], capture_output=True, text=True,
+                                  timeout=60)
+        assert done.returncode == 0, done.stderr
+        dirs.append(sorted((tmp_path / "runs").glob("*-bench-multiturn*"))[-1])
+        assert "by turn" not in done.stdout  # --json: the document only
+    shown = subprocess.run([*cli, "bench", "--help"], capture_output=True, text=True)
+    assert "--users" in shown.stdout
+    done = subprocess.run([*cli, "compare", str(dirs[0]), str(dirs[1]), "--json", "--out", str(tmp_path / "runs"),
+                           "-o", str(tmp_path / "r.html")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = {r["key"]: r for r in json.loads(done.stdout)["rows"]}
+    late = rows["multiturn.late_ttft_ms"]
+    ratio = late["ratios"][1]
+    # "contended" when other work kept this machine busy during a level: the interval then still says it
+    assert ratio["verdict"] in ("better", "contended") and ratio["ratio"] < 0.5 and ratio["ci"][1] < 1, ratio
+    hits = rows["multiturn.cache_hit_ratio"]
+    assert hits["neutral"] and hits["figures"][0]["value"] == 0 and hits["figures"][1]["value"] > 50, hits
+    html = (tmp_path / "r.html").read_text()
+    assert "ttft-by-turn" in html and "TTFT p50 by turn" in html
