@@ -297,12 +297,12 @@ def wait_streaming(url: str, spawned: Spawned, requests: int, tokens: int, timeo
 
 
 def records(root: Path) -> list[dict[str, Any]]:
-    """Every record servelab kept under `root` (all records.jsonl; a line that is not JSON is not a record)."""
+    """Every record servelab kept under `root` (every records file; a line that is not a record is none)."""
+    from servelab.store.rundir import iter_records
+
     kept = []
-    for path in root.rglob("records.jsonl"):
-        for line in path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                kept.append(json.loads(line))
+    for path in [*root.rglob("records.jsonl.gz"), *root.rglob("records.jsonl")]:
+        kept.extend(json.loads(r.model_dump_json()) for r in iter_records(path))
     return kept
 
 

@@ -258,12 +258,15 @@ def bench_cmd(
     max_rate: Annotated[float, typer.Option(help="Highest rate a ramp or a search tries (req/s).")] = 256.0,
     max_probes: Annotated[int, typer.Option(help="slo-search: most levels to run.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed for arrival times, synthetic prompts and lengths.")] = 0,
-    out: Annotated[Optional[Path], typer.Option(help="Write summary.json and records.jsonl in a run directory "
+    out: Annotated[Optional[Path], typer.Option(help="Write summary.json and records.jsonl.gz in a run directory "
                                                      "under this one, and store the run in its servelab.db "
                                                      "(`servelab runs`).")] = None,
     store: StoreOpt = None,
     csv: Annotated[bool, typer.Option("--csv", help="With --out: also write records.csv and levels.csv "
                                                     "(docs/output.md).")] = False,
+    keep_events_text: Annotated[bool, typer.Option(
+        "--keep-events-text", help="With --out: keep each token event's text in records.jsonl.gz, not only "
+                                   "each answer's whole text (about 2x the bytes).")] = False,
     tokenizer: Annotated[str, typer.Option(help="How to count tokens when the server gives no per-chunk counts: "
                                                 "auto (the server's /tokenize when it has one), server, none "
                                                 "(one per chunk, labelled), or a tokenizer.json path.")] = "auto",
@@ -300,6 +303,7 @@ def bench_cmd(
     from servelab.bench.failures import error_gate
     from servelab.bench.options import BenchArgs, build_options
     from servelab.bench.runner import bench
+    from servelab.report.progress import LevelProgress
     from servelab.report.terminal import render_headline, render_levels
     from servelab.store.db import Store, default_store_path
     from servelab.store.export import export_csv
@@ -326,20 +330,19 @@ def bench_cmd(
         if stored_in.exists():
             with Store.open(stored_in) as db:
                 db.check()
-    rundir = RunDir.create(out, "bench", mode) if out else None
+    rundir = RunDir.create(out, "bench", mode, keep_events_text=keep_events_text) if out else None
     if rundir is not None:
         rundir.open_records()
-    records = []
     progress = LevelProgress()
-    with ui.status("benchmarking…") as status, progress.printing(ui, every_s=None if ui.is_terminal else 10.0):
-        def on_record(record) -> None:
+    with ui.status("benchmarking…") as status, \
+            progress.printing(ui, every_s=None if ui.is_terminal else 10.0, status=status):
+        def on_record(record) -> None:  # records leave memory here: only the run directory keeps them
             status.update(progress.add(record))
-            records.append(record)
             if rundir:
                 rundir.append_record(record)
 
         try:
-            result = bench(url, options, on_record=on_record)
+            result = bench(url, options, on_record=on_record, on_level=progress.begin)
         except BaseException:
             if rundir is not None:
                 rundir.discard_if_empty()  # a set-up error leaves no empty run directory behind
@@ -352,13 +355,13 @@ def bench_cmd(
         rundir.write_json("summary.json", result)  # first: the run directory never depends on the store
         if csv:
             try:
-                export_csv(records, result.levels, rundir.path)
+                export_csv(rundir.iter_records(), result.levels, rundir.path)
             except OSError as exc:
                 not_written.append(f"could not write the CSV files in {rundir.path}: {exc.strerror or exc}")
         stored_in = store or default_store_path(out)
         try:
             with Store.open(stored_in) as db:  # listed by `servelab runs`, read by show, compare, report, export
-                save_bench(db, result, records, rundir.path, rundir.run_id,
+                save_bench(db, result, rundir.iter_records(), rundir.path, rundir.run_id,
                            status="interrupted" if result.interrupted else "failed" if broken else "complete",
                            error="; ".join(broken) if broken else None)
         except (UserError, sqlite3.Error, OSError) as exc:
@@ -397,58 +400,6 @@ def bench_cmd(
         for reason in broken:
             err_console.print(f"error gate: {reason}", highlight=False, markup=False)
         raise typer.Exit(1)
-
-
-class LevelProgress:
-    """The live status of `bench`: requests and tokens of the level running now (counted afresh when the tag
-    changes), and, when the output is not a terminal, the same as a plain line every ~10 s so a pipe sees it."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.tag, self.n, self.failed, self.tokens = "", 0, 0, 0
-        self._lock = threading.Lock()
-
-    def add(self, record) -> str:
-        with self._lock:
-            if record.tag != self.tag:
-                self.tag, self.n, self.failed, self.tokens = record.tag, 0, 0, 0
-            self.n += 1
-            self.failed += 0 if record.ok or record.error_kind == "cancelled" else 1
-            self.tokens += record.output_tokens
-            return self.line()
-
-    def line(self) -> str:
-        failed = f" ({self.failed:,} failed)" if self.failed else ""
-        return (f"{self.tag or 'starting'}: {self.n:,} request{'' if self.n == 1 else 's'}{failed}, "
-                f"{self.tokens:,} tokens")
-
-    def printing(self, ui: Console, every_s: float | None):
-        """A context in which a thread prints `line()` every `every_s` seconds (None: never)."""
-        import contextlib
-        import threading
-
-        @contextlib.contextmanager
-        def run():
-            if every_s is None:
-                yield
-                return
-            stop = threading.Event()
-
-            def loop() -> None:
-                while not stop.wait(every_s):
-                    with self._lock:
-                        line = self.line()
-                    ui.print(line, highlight=False, markup=False)
-
-            thread = threading.Thread(target=loop, name="bench-progress", daemon=True)
-            thread.start()
-            try:
-                yield
-            finally:
-                stop.set()
-                thread.join(timeout=1)
-        return run()
 
 
 StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="The run store (default: OUT/servelab.db, or "

@@ -224,8 +224,8 @@ class CellSession:
             self.summary.excluded_trials = []
         elif final or all(t.status != "interrupted" for t in trials):
             counted, excluded = counted_trials(trials)
-            records = self.rundir.all_records()  # records.jsonl, and any the disk refused
-            single, sweep = pooled_benches(counted, records)
+            # The records file (and any the disk refused), read one record at a time: memory stays flat.
+            single, sweep = pooled_benches(counted, self.rundir.iter_records())
             self.summary.headline = run_headline(single, sweep)
             self.summary.excluded_trials = [t.index for t in excluded]
         self.rundir.write_json("summary.json", self.summary)

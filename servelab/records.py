@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_serializer, model_validator
 
-from servelab import SCHEMA_VERSION
+from servelab import SCHEMA_VERSION, event_columns
 from servelab.redaction import redact_url
 
 # A server URL as recorded: never with the user and password it may have been given (http://u:p@h -> http://***@h).
@@ -107,6 +107,25 @@ class RequestRecord(BaseModel):
     # usage.cached_tokens.
     conversation: int | None = None
     turn: int | None = None
+    # The answer's and the reasoning's whole text, for a record read back from event columns that kept the text
+    # once per request rather than per event (servelab/event_columns.py); None while the events carry it.
+    kept_text: tuple[str, str] | None = Field(None, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _events_from_columns(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("events"), dict):
+            data = dict(data)
+            data["events"], whole = event_columns.decode(data["events"])
+            if whole is not None:
+                data["kept_text"] = whole
+        return data
+
+    @field_serializer("events", when_used="json")
+    def _events_as_columns(self, events: list[TokenEvent], info) -> dict[str, Any]:
+        """Written as columns (event_columns.py); each event's text only with the context key `events_text`."""
+        per_event = bool(info.context and info.context.get("events_text")) and self.kept_text is None
+        return event_columns.encode(events, self.text, self.reasoning_text, per_event)
 
     # ---- derived views (pure functions of the fields above) ----
     @property
@@ -123,10 +142,14 @@ class RequestRecord(BaseModel):
 
     @property
     def text(self) -> str:
+        if self.kept_text is not None:
+            return self.kept_text[0]
         return "".join(e.text for e in self.events if e.kind == "answer")
 
     @property
     def reasoning_text(self) -> str:
+        if self.kept_text is not None:
+            return self.kept_text[1]
         return "".join(e.text for e in self.events if e.kind == "reasoning")
 
 

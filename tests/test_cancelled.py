@@ -66,13 +66,13 @@ def interrupt_bench(url: str, out: Path, *args: str, in_flight: int) -> tuple[su
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    (records,) = out.glob("*/records.jsonl")
+    (records,) = out.glob("*/records.jsonl.gz")
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), records.parent
 
 
 def check_interrupted_run(proc: subprocess.CompletedProcess, run: Path, tag: str, at_least: int) -> None:
     assert proc.returncode == 130, proc.stderr
-    kept = read_records(run / "records.jsonl")
+    kept = read_records(run / "records.jsonl.gz")
     assert len(kept) >= at_least
     # Each request was in flight (a 10 s stream), so each is recorded cancelled, with the tokens it had received.
     for r in kept:
@@ -100,7 +100,7 @@ def test_ctrl_c_during_a_closed_loop_level_records_the_requests_in_flight_as_can
                                                                                        ) -> None:
     proc, run = interrupt_bench(slow.url, tmp_path, "--mode", "concurrency", "--concurrency", "3", in_flight=3)
     check_interrupted_run(proc, run, "c3", at_least=3)
-    assert len(read_records(run / "records.jsonl")) == 3  # closed loop: exactly the three streams in flight
+    assert len(read_records(run / "records.jsonl.gz")) == 3  # closed loop: exactly the three streams in flight
 
 
 def test_ctrl_c_during_an_open_loop_level_records_the_requests_in_flight_as_cancelled(slow, tmp_path: Path

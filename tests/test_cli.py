@@ -107,7 +107,7 @@ def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> No
         assert prov["model_path"].endswith(".gguf") and prov["model_size_bytes"] > 50_000_000
         assert prov["host"]["cpu_cores_logical"] >= 1 and prov["servelab_version"]
         # every request is on disk, and the single-stream level accounts for all of its tokens
-        records = read_records(run_dir / "records.jsonl")
+        records = read_records(run_dir / "records.jsonl.gz")
         assert [t["index"] for t in summary["trials"]] == [0, 1, 2]
         assert {r.trial for r in records} == {0, 1, 2}
         for trial in summary["trials"]:
@@ -155,7 +155,7 @@ def test_ctrl_c_during_run_stops_the_engine_and_keeps_what_was_measured(tmp_path
         deadline = time.monotonic() + 240  # both cells' servers come up and are verified before the first trial
         records_file = None
         while time.monotonic() < deadline:
-            found = list(tmp_path.rglob("records.jsonl"))
+            found = list(tmp_path.rglob("records.jsonl.gz"))
             if found and len(read_records(found[0])) >= 3:
                 records_file = found[0]
                 break

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -83,18 +84,19 @@ def test_csv_round_trips_every_column(measured, tmp_path: Path) -> None:
 def test_json_round_trips_into_the_same_models(measured, tmp_path: Path) -> None:
     records, result = measured
     rec_path, lvl_path = export_json(records, result.levels, tmp_path)
-    assert [RequestRecord.model_validate(x) for x in json.loads(rec_path.read_text())] == records
+    back = [RequestRecord.model_validate(x) for x in json.loads(rec_path.read_text())]
+    assert [r.model_dump_json() for r in back] == [r.model_dump_json() for r in records]  # events as columns
     assert [Summary.model_validate(x) for x in json.loads(lvl_path.read_text())] == result.levels
 
 
 def test_a_run_directory_without_summary_and_with_a_torn_line_still_exports(measured, tmp_path: Path) -> None:
     records, _ = measured
     run = RunDir(tmp_path / "killed")
-    for r in records[:4]:
+    for r in records[:5]:
         run.append_record(r)
-    run.close()
-    with open(run.records_path, "a") as fh:
-        fh.write(records[4].model_dump_json()[:50])  # killed mid-write
+    # Killed mid-write: no gzip trailer, and the fifth record's compressed bytes cut short.
+    size = run.records_path.stat().st_size
+    os.truncate(run.records_path, size - 12)
     paths, notes = export_run_dir(run.path, "csv")
     assert len(read_csv(paths[0])[1]) == 4 and read_csv(paths[1])[1] == []
     assert any("no summary.json" in n for n in notes)
@@ -111,7 +113,7 @@ def test_bench_out_csv_then_ctrl_c_leaves_a_readable_exportable_run(cal, tmp_pat
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            found = list(tmp_path.glob("*/records.jsonl"))
+            found = list(tmp_path.glob("*/records.jsonl.gz"))
             if found and len(read_records(found[0])) >= 6:
                 break
             time.sleep(0.1)
@@ -129,7 +131,7 @@ def test_bench_out_csv_then_ctrl_c_leaves_a_readable_exportable_run(cal, tmp_pat
     (level,) = summary["levels"]
     assert level["mode"] == "rate" and level["ok"] >= 5 and "goodput_req_s" in level["figures"]
     assert any("interrupted" in w for w in level["warnings"])
-    kept = read_records(run / "records.jsonl")
+    kept = read_records(run / "records.jsonl.gz")
     _, rows = read_csv(run / "records.csv")  # written by --csv on the way out
     assert len(rows) == len(kept)
     # The standalone export reads the same directory back.

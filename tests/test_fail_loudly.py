@@ -18,7 +18,7 @@ from servelab.bench.failures import error_gate, error_line, top_errors
 from servelab.bench.options import BenchArgs, build_options
 from servelab.bench.runner import bench
 from servelab.calibration import Script, start_calibration_server
-from servelab.cli import LevelProgress
+from servelab.report.progress import LevelProgress
 from servelab.records import ErrorCount, RequestRecord, Summary
 from servelab.store.rundir import read_records
 
@@ -65,7 +65,7 @@ def test_a_sweep_against_a_server_that_answers_501_exits_1_and_names_the_error(h
     assert "HTTP 501" in out and "Unsupported method" in out
     assert "× HTTP 501" in out  # the count next to the error
     assert "error gate: c1: every request failed" in " ".join(proc.stderr.split())
-    (records,) = tmp_path.glob("*/records.jsonl")
+    (records,) = tmp_path.glob("*/records.jsonl.gz")
     sent = read_records(records)
     # Without back-off it sent 2,279 requests in 3 s; with it, a handful.
     assert 1 <= len(sent) < 100, len(sent)
@@ -133,9 +133,9 @@ def test_the_live_status_counts_the_current_level_and_prints_lines_to_a_pipe() -
                              error_kind=None if ok else "http")
     progress = LevelProgress()
     progress.add(rec("c1"))
-    assert progress.add(rec("c1", ok=False)) == "c1: 2 requests (1 failed), 0 tokens"
-    assert progress.add(rec("c2")) == "c2: 1 request, 0 tokens"  # counted afresh for the new level
+    assert progress.add(rec("c1", ok=False)) == "c1 · 0 s · 2 requests (1 failed) · 0 tokens"
+    assert progress.add(rec("c2")) == "c2 · 0 s · 1 request · 0 tokens"  # counted afresh for the new level
     out = io.StringIO()
-    with progress.printing(Console(file=out, width=200), every_s=0.05):
-        time.sleep(0.3)
-    assert "c2: 1 request, 0 tokens" in out.getvalue()
+    with progress.printing(Console(file=out, width=200), every_s=1.0):
+        time.sleep(2.3)
+    assert "c2 · 1 s · 1 request · 0 tokens" in out.getvalue() or "c2 · 2 s · 1 request" in out.getvalue()

@@ -153,7 +153,7 @@ def test_the_cli_survives_a_server_whose_every_stream_has_a_malformed_chunk(tmp_
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the error gate, not an internal error (3)
     assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
     (run,) = run_dirs(tmp_path)
-    records = read_records(run / "records.jsonl")
+    records = read_records(run / "records.jsonl.gz")
     assert len(records) == sent >= 20  # the first 20 failures end the level early; nothing sent is lost
     assert {r.error_kind for r in records} == {"parse"}
     assert json.loads((run / "summary.json").read_text())["levels"][0]["failed"] == len(records)
@@ -449,7 +449,7 @@ def test_running_out_of_descriptors_is_its_own_error_and_ends_the_level(slow, tm
     err = " ".join(proc.stderr.split())
     assert "could not open a socket" in err and "ulimit -n" in err
     (run,) = run_dirs(tmp_path)
-    records = read_records(run / "records.jsonl")
+    records = read_records(run / "records.jsonl.gz")
     kinds = {r.error_kind for r in records}
     assert "fd_limit" in kinds and "connect" not in kinds
     fd = [r for r in records if r.error_kind == "fd_limit"]
@@ -523,7 +523,7 @@ def test_the_cli_idle_deadline_ends_a_pinging_stream(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # its one request failed
     (run,) = run_dirs(tmp_path)
-    (record,) = read_records(run / "records.jsonl")
+    (record,) = read_records(run / "records.jsonl.gz")
     assert record.error_kind == "timeout_idle" and "idle deadline passed after" in record.error_detail
 
 

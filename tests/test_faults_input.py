@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+
+from servelab.store.rundir import read_records
 from rich.console import Console
 
 from openai_fake import FakeOpenAI, error_body, serving
@@ -124,8 +126,8 @@ def test_a_key_the_server_echoes_is_not_recorded_or_printed(tmp_path: Path):
         shown = subprocess.run([*SERVELAB, "verify", url, "--model", "fake", "--api-key", key],
                                capture_output=True, text=True, timeout=120)
     assert bench.returncode == 1, bench.stderr  # every request failed: the error gate
-    (records,) = (tmp_path / "bench").glob("*/records.jsonl")
-    details = [json.loads(line)["error_detail"] for line in records.read_text().splitlines()]
+    (records,) = (tmp_path / "bench").glob("*/records.jsonl.gz")
+    details = [r.error_detail for r in read_records(records)]
     assert details and all("HTTP 401" in d or "401" in d or "invalid api key" in d for d in details), details
     assert any(REDACTED in d for d in details), details  # the excerpt is kept, the key in it hidden
     assert files_with(tmp_path, MARK) == []

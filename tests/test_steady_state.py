@@ -127,7 +127,7 @@ def test_the_cap_cancels_requests_in_flight_after_a_grace(endless, tmp_path: Pat
     assert lv["cancelled"] == 3 and lv["ok"] == 0 and lv["failed"] == 0
     assert lv["steady"]["measured"] is False and lv["steady"]["capped"] is True
     assert lv["figures"]["output_tok_s"]["value"] is None
-    (records,) = tmp_path.glob("*/records.jsonl")
+    (records,) = tmp_path.glob("*/records.jsonl.gz")
     kept = read_records(records)
     assert len(kept) == 3
     for r in kept:

@@ -26,7 +26,11 @@ def test_a_run_comes_back_as_it_went_in(tmp_path: Path) -> None:
         save_run(store, summary, records, tmp_path, cell_name="one", experiment_id="exp")  # saved again: replaced
         back, back_records, meta = load_run(store, "exp/one")
         assert back == summary
-        assert back_records == records
+        # Everything a record keeps on disk comes back (events as columns, the answer's text whole: each
+        # event's own text only with --keep-events-text), and so does every figure computed from it.
+        assert [r.model_dump_json() for r in back_records] == [r.model_dump_json() for r in records]
+        assert [(r.text, r.output_tokens, [e.t_ns for e in r.events]) for r in back_records] == \
+            [(r.text, r.output_tokens, [e.t_ns for e in r.events]) for r in records]
         assert meta["cell_name"] == "one"
         rows = list_runs(store)
         assert len(rows) == 1 and not rows[0].representative

@@ -100,6 +100,9 @@ class BenchState:
     client: StreamClient | None = None  # the run's client, for the requests it recorded as cancelled
     environment: EnvironmentSampler | None = None  # what the machine did during each level (bench/environment.py)
     warnings: list[str] = field(default_factory=list)  # about the whole bench (BenchResult.warnings)
+    # Told when a level begins: (tag, planned seconds, cap seconds, planned requests), for the live progress
+    # (report/progress.py); called on the event loop's thread, so it must not block.
+    on_level: Callable[[str, float | None, float | None, int | None], None] | None = None
 
     def collect_cancelled(self) -> None:
         """Pass on the requests that were in flight when the run was interrupted and that no load mode took yet
@@ -234,6 +237,14 @@ async def begin_level(state: BenchState, tag: str, concurrency: int) -> None:
     """Mark a load level as running (so Ctrl-C can summarise it) and take the server's metrics before it."""
     state.current = (tag, concurrency, time.perf_counter_ns())
     state.recorder.current = None  # the level's load mode opens its tally
+    if state.on_level is not None:
+        opts = state.options
+        if tag == "single":
+            state.on_level(tag, None, None, opts.single_requests)
+        else:
+            requests, duration = (opts.plan.bounds(opts.level_duration_s) if opts.mode in PLAN_MODES
+                                  else (None, opts.level_duration_s))
+            state.on_level(tag, duration, opts.steady.cap_s(duration), requests)
     if state.environment is not None:
         state.environment.start_level()
     if state.watcher is not None:
@@ -414,15 +425,15 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
                          else f"reached the maximum concurrency ({opts.max_concurrency})")
 
 
-def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], None] | None = None
-          ) -> BenchResult:
+def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], None] | None = None,
+          on_level: Callable[[str, float | None, float | None, int | None], None] | None = None) -> BenchResult:
     """Run a benchmark to the end, or until Ctrl-C; either way return what was measured."""
     base_url = normalize_base_url(url)
     check_credentials(base_url, options.api_key)
     # keep=False: records leave memory once passed on (records.jsonl); each level keeps only its tally.
     recorder = Recorder(on_record=on_record, secrets=(options.api_key,) if options.api_key else (), keep=False,
                         slos=tuple(options.plan.slos or ()))
-    state = BenchState(url=base_url, options=options, recorder=recorder)
+    state = BenchState(url=base_url, options=options, recorder=recorder, on_level=on_level)
     try:
         return aio.run(run_bench(state))
     except KeyboardInterrupt:

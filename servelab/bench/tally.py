@@ -39,18 +39,20 @@ NAN = math.nan
 class LevelTally:
     def __init__(self, *, window_start_ns: int | None = None, floor: Callable[[], int] | None = None,
                  slos: Sequence | None = None, keep: bool = True,
-                 waiting: Callable[[RequestRecord], bool] | None = None):
+                 waiting: Callable[[RequestRecord], bool] | None = None, count_window: bool = True):
         """`window_start_ns`: events before it are outside the window (None: no event is: a level whose window
         starts at its first send). `floor`: a time before which the window's end can no longer fall (None: the
         window may end anywhere, so every event waits for it: exact, but memory grows; fine for records
         already in memory). `slos`: targets each request is judged against as it is folded (goodput). `waiting`:
         says a record still waits for its token recount (bench/loads/common.py Recorder): it is folded later,
-        by `fold_waiting`, once recounted."""
+        by `fold_waiting`, once recounted. `count_window=False`: no window counts at all (a pooled level, whose
+        rates come from its trials' own), so no event waits for a window."""
         self.window_start_ns = window_start_ns
         self.floor = floor
         self.slos = list(slos or ())
         self.records: list[RequestRecord] | None = [] if keep else None
         self.waiting = waiting
+        self.count_window = count_window
         self._late: list[RequestRecord] = []  # appended while waiting for their recount
         self.appended = 0  # every record given, warm-up ones included (len())
         # ---- per measured (non-warm-up) request ----
@@ -156,7 +158,8 @@ class LevelTally:
 
             self.meets.append(1 if status != 2 and request_meets(r, self.slos) else 0)
         events = metrics.token_events(r)
-        self._fold_events(r, status == 0)
+        if self.count_window:
+            self._fold_events(r, status == 0)
         if status == 1:
             self.errors[r.error_kind or "unknown"] += 1
             self._group_error(r)

@@ -15,9 +15,10 @@ With one trial, everything here returns that trial unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from servelab.bench.metrics import summarize
+from servelab.bench.tally import LevelTally
 from servelab.bench.steady import AGGREGATE_KEYS, is_measured
 from servelab.records import BenchResult, Figure, RequestRecord, Summary, Trial
 
@@ -35,26 +36,23 @@ def counted_trials(trials: Sequence[Trial]) -> tuple[list[Trial], list[Trial]]:
     return done, []
 
 
-def pooled_bench(benches: Sequence[BenchResult], records: Sequence[RequestRecord],
+def pooled_bench(benches: Sequence[BenchResult], tallies: Mapping[str, LevelTally],
                  trial_of: Sequence[int]) -> BenchResult:
     """One BenchResult whose levels pool the same tag over `benches` (one per trial, `trial_of` their indices),
-    with the records of those trials. The first bench gives the order of the levels, its url, mode and workload;
-    the stop reason and interruption are the last one's."""
+    with `tallies[tag]` holding the records of that tag from those trials. The first bench gives the order of the
+    levels, its url, mode and workload; the stop reason and interruption are the last one's."""
     if len(benches) == 1:
         return benches[0]
     first = benches[0]
     tags: list[str] = []
     for bench in benches:
         tags += [s.tag for s in bench.levels if s.tag not in tags]
-    by_trial: dict[tuple[int, str], list[RequestRecord]] = {}
-    for r in records:
-        by_trial.setdefault((r.trial, r.tag), []).append(r)
     by_tag = [(trial, {s.tag: s for s in bench.levels}) for trial, bench in zip(trial_of, benches)]
     levels = []
     for tag in tags:
         parts = [(trial, found[tag]) for trial, found in by_tag if tag in found]
-        pooled_records = [r for trial, _ in parts for r in by_trial.get((trial, tag), [])]
-        levels.append(pool_level([s for _, s in parts], pooled_records, [trial for trial, _ in parts]))
+        levels.append(pool_level([s for _, s in parts], tallies.get(tag) or LevelTally(keep=False),
+                                 [trial for trial, _ in parts]))
     result = first.model_copy(update={"levels": levels, "stop_reason": benches[-1].stop_reason,
                                       "interrupted": any(b.interrupted for b in benches)})
     from servelab.bench.runner import headline  # the runner's headline rule, applied to the pooled levels
@@ -63,7 +61,8 @@ def pooled_bench(benches: Sequence[BenchResult], records: Sequence[RequestRecord
     return result
 
 
-def pool_level(levels: Sequence[Summary], records: Sequence[RequestRecord], trials: Sequence[int]) -> Summary:
+def pool_level(levels: Sequence[Summary], records: Sequence[RequestRecord] | LevelTally, trials: Sequence[int]
+               ) -> Summary:
     """One tag's levels from several trials as one Summary (module docstring)."""
     first = levels[0]
     pooled = summarize(records, tag=first.tag, mode=first.mode, concurrency=first.concurrency, window=(0, 0))
@@ -102,18 +101,27 @@ def _merged_warnings(levels: Sequence[Summary], trials: Sequence[int]) -> list[s
             for w, ts in seen.items()]
 
 
-def pooled_benches(trials: Sequence[Trial], records: Sequence[RequestRecord]
+def pooled_benches(trials: Sequence[Trial], records: Iterable[RequestRecord]
                    ) -> tuple[BenchResult | None, BenchResult | None]:
-    """(single, sweep) pooled over the trials given (callers pass counted_trials' first list)."""
+    """(single, sweep) pooled over the trials given (callers pass counted_trials' first list). `records` is read
+    once, one at a time (a run directory's file: memory stays flat), each folded into its pooled level's tally."""
+    pairs_of = {kind: [(t.index, getattr(t, kind)) for t in trials if getattr(t, kind) is not None]
+                for kind in ("single", "sweep")}
+    tallies: dict[str, dict[str, LevelTally]] = {kind: {} for kind in pairs_of}
+    takes: dict[tuple[int, str], list[str]] = {}  # (trial, tag) -> the kinds whose pooled level takes it
+    for kind, pairs in pairs_of.items():
+        if len(pairs) < 2:
+            continue  # one trial: its own result, nothing to pool
+        for index, bench in pairs:
+            for level in bench.levels:
+                takes.setdefault((index, level.tag), []).append(kind)
+                tallies[kind].setdefault(level.tag, LevelTally(keep=False, count_window=False))
+    for r in records:
+        for kind in takes.get((r.trial, r.tag), ()):
+            tallies[kind][r.tag].append(r)
     out: list[BenchResult | None] = []
-    for kind in ("single", "sweep"):
-        pairs = [(t.index, getattr(t, kind)) for t in trials if getattr(t, kind) is not None]
-        if not pairs:
-            out.append(None)
-            continue
-        wanted = {i for i, _ in pairs}
-        out.append(pooled_bench([b for _, b in pairs], [r for r in records if r.trial in wanted],
-                                [i for i, _ in pairs]))
+    for kind, pairs in pairs_of.items():
+        out.append(pooled_bench([b for _, b in pairs], tallies[kind], [i for i, _ in pairs]) if pairs else None)
     return out[0], out[1]
 
 

@@ -95,7 +95,7 @@ def load_run_dir(path: Path) -> RunData:
         doc = json.loads(summary_path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise UserError(f"{summary_path}: not valid JSON ({exc})") from None
-    records = read_records(path / "records.jsonl") if (path / "records.jsonl").exists() else []
+    records = read_records(path)
     cell, experiment_id = _cell_json(path, "cell"), _cell_json(path, "experiment_id")
     try:
         if "levels" in doc:  # a BenchResult (`servelab bench --out`): one trial

@@ -360,7 +360,7 @@ def _load(store: Store | StoreWrites, run_id: str, out_root: Path | None = None
         summary = RunSummary.model_validate_json((path / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read run {run_id} from its directory {path}: {exc}") from None
-    records = read_records(path / "records.jsonl") if (path / "records.jsonl").exists() else []
+    records = read_records(path)
     return summary, records
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from servelab.bench import metrics
 from servelab.errors import UserError
 from servelab.records import RequestRecord, Summary
-from servelab.store.rundir import read_records
+from servelab.store.rundir import read_records, records_file
 
 FORMATS = ("csv", "json", "vllm")  # vllm: one vllm-bench-serve-shaped JSON per level (store/export_vllm.py)
 
@@ -126,11 +126,12 @@ def load_run(run_dir: Path) -> tuple[list[RequestRecord], list[Summary], list[st
     """(records, levels, notes) of a run directory written by `servelab run` or `servelab bench --out`."""
     if not run_dir.is_dir():
         raise UserError(f"not a run directory: {run_dir}")
-    records_path, summary_path = run_dir / "records.jsonl", run_dir / "summary.json"
-    if not records_path.exists() and not summary_path.exists():
-        raise UserError(f"{run_dir} has neither records.jsonl nor summary.json: not a run directory")
+    records_path, summary_path = records_file(run_dir), run_dir / "summary.json"
+    if records_path is None and not summary_path.exists():
+        raise UserError(f"{run_dir} has neither records.jsonl.gz (or records.jsonl) nor summary.json: not a run "
+                        f"directory")
     notes: list[str] = []
-    records = read_records(records_path) if records_path.exists() else []
+    records = read_records(records_path) if records_path is not None else []
     levels: list[Summary] = []
     if summary_path.exists():
         try:

@@ -2,8 +2,15 @@
 
     <root>/<run-id>/
         summary.json      RunSummary or BenchResult (rewritten atomically after every step)
-        records.jsonl     one RequestRecord per line, appended and flushed as each request completes
+        records.jsonl.gz  one RequestRecord per line, gzip-compressed, appended and flushed as each request
+                          completes; token events as columns (servelab/event_columns.py); `zcat` reads it.
+                          Directories written before issue 14 have records.jsonl (plain, one object per
+                          event): both read the same.
         engine.log        the engine's own output, when servelab launched it
+
+Each record is followed by a gzip sync flush, so the file is readable up to the last whole record at any moment,
+and after a crash (a reader stops at the torn end). ~5 bytes per streamed token, against ~66 for the older plain
+file with one object per event (docs/output.md#records).
 
 Appending records as they complete and rewriting the summary atomically after each step means Ctrl-C or a crash
 loses at most the requests that were in flight.
@@ -17,9 +24,12 @@ A directory that cannot be created or written at all is a UserError before anyth
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import time
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -60,20 +70,24 @@ def ensure_writable(path: Path, what: str = "directory") -> None:
 
 
 class RunDir:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, keep_events_text: bool = False):
         self.path = path
+        # Each event's text in the records file, not only the answer's whole text (`--keep-events-text`).
+        self.keep_events_text = keep_events_text
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UserError(f"cannot create the run directory {path}: {os_error_words(exc)}",
                             hint="free some space, or point --out somewhere writable") from None
-        self._records = None
-        self._records_good = 0  # bytes of records.jsonl known whole: a failed append is cut back to here
+        self._records = None  # the gzip stream
+        self._raw = None  # the file under it
+        self._records_good = 0
+        self.written = 0  # records appended to the file  # bytes of records.jsonl known whole: a failed append is cut back to here
         self.unwritten: list[RequestRecord] = []  # records the disk refused, kept for the summary and the store
         self._errors: dict[str, str] = {}  # file name -> why its last write failed
 
     @classmethod
-    def create(cls, root: Path, *parts: str) -> RunDir:
+    def create(cls, root: Path, *parts: str, keep_events_text: bool = False) -> RunDir:
         """A new directory named <UTC time>-<parts...>, never reusing an existing one."""
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         base = "-".join([stamp, *(_slug(p) for p in parts if p)])
@@ -82,7 +96,7 @@ class RunDir:
             candidate = root / (base if n == 0 else f"{base}-{n}")
             try:
                 candidate.mkdir()
-                return cls(candidate)
+                return cls(candidate, keep_events_text=keep_events_text)
             except FileExistsError:
                 continue
             except OSError as exc:
@@ -95,7 +109,7 @@ class RunDir:
         file descriptor the process may have (bench/limits.py) can still write what it measured."""
         if self._records is None:
             try:
-                self._records = open(self.records_path, "a", encoding="utf-8")
+                self._open_records()
             except OSError:
                 pass  # the first append tries again, and says why if it fails
 
@@ -104,8 +118,8 @@ class RunDir:
         an empty records.jsonl aside); True if it was removed."""
         self.close()
         try:
-            if self.records_path.stat().st_size == 0:
-                self.records_path.unlink()
+            if self.written == 0 and self.records_path.exists():
+                self.records_path.unlink()  # no record: only the gzip header and trailer
         except OSError:
             pass
         try:
@@ -120,7 +134,12 @@ class RunDir:
 
     @property
     def records_path(self) -> Path:
-        return self.path / "records.jsonl"
+        return self.path / RECORDS_FILE
+
+    def _open_records(self) -> None:
+        self._raw = open(self.records_path, "ab")
+        self._records_good = self._raw.tell()
+        self._records = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=6)
 
     @property
     def engine_log(self) -> Path:
@@ -134,11 +153,13 @@ class RunDir:
             return
         try:
             if self._records is None:
-                self._records = open(self.records_path, "a", encoding="utf-8")
-                self._records_good = self._records.tell()
-            self._records.write(record.model_dump_json() + "\n")
-            self._records.flush()
-            self._records_good = self._records.tell()
+                self._open_records()
+            line = record.model_dump_json(context={"events_text": self.keep_events_text} if self.keep_events_text
+                                          else None)
+            self._records.write(line.encode("utf-8") + b"\n")
+            self._records.flush(zlib.Z_SYNC_FLUSH)  # readable up to here, whatever happens next
+            self._records_good = self._raw.tell()
+            self.written += 1
         except OSError as exc:
             self.unwritten.append(record)
             self._errors[self.records_path.name] = os_error_words(exc)
@@ -146,12 +167,13 @@ class RunDir:
 
     def _drop_records_file(self) -> None:
         """After a failed append: close the file without flushing the rest, and cut off a torn last line."""
-        fh, self._records = self._records, None
-        if fh is not None:
-            try:
-                fh.close()  # may write more of the failed line: cut off below with the rest of it
-            except (OSError, ValueError):
-                pass
+        fh, raw, self._records, self._raw = self._records, self._raw, None, None
+        for f in (fh, raw):
+            if f is not None:
+                try:
+                    f.close()  # may write more of the failed line: cut off below with the rest of it
+                except (OSError, ValueError):
+                    pass
         try:
             if self.records_path.exists() and self.records_path.stat().st_size > self._records_good:
                 os.truncate(self.records_path, self._records_good)
@@ -159,9 +181,20 @@ class RunDir:
             pass
 
     def all_records(self) -> list[RequestRecord]:
-        """Every record of the run: those in records.jsonl, then those the disk refused."""
-        on_disk = read_records(self.records_path) if self.records_path.exists() else []
-        return on_disk + list(self.unwritten)
+        """Every record of the run: those in the records file, then those the disk refused."""
+        return list(self.iter_records())
+
+    def iter_records(self) -> Iterator[RequestRecord]:
+        """The same, one at a time (memory stays flat however many there are)."""
+        if self._records is not None:
+            try:
+                self._records.flush(zlib.Z_SYNC_FLUSH)
+            except (OSError, ValueError):
+                pass
+        found = records_file(self.path)
+        if found is not None:
+            yield from iter_records(found)
+        yield from list(self.unwritten)
 
     def write_json(self, name: str, doc: BaseModel) -> Path | None:
         """Write atomically: a reader (or a crash) never sees half a file. None when the disk refused it (the
@@ -196,22 +229,55 @@ class RunDir:
     def close(self) -> None:
         if self._records is not None:
             try:
-                self._records.close()
+                self._records.close()  # the gzip trailer
+                self._raw.close()
             except OSError as exc:
                 self._errors[self.records_path.name] = os_error_words(exc)
-            self._records = None
+            self._records = self._raw = None
+
+
+RECORDS_FILE = "records.jsonl.gz"
+LEGACY_RECORDS_FILE = "records.jsonl"  # run directories written before issue 14
+
+
+def records_file(run_dir: Path) -> Path | None:
+    """The records file of a run directory (either name), or None when it has none."""
+    for name in (RECORDS_FILE, LEGACY_RECORDS_FILE):
+        if (Path(run_dir) / name).exists():
+            return Path(run_dir) / name
+    return None
 
 
 def read_records(path: Path) -> list[RequestRecord]:
-    """Read a records.jsonl back; a torn last line (a crash mid-write) is skipped, not fatal."""
-    records: list[RequestRecord] = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
+    """Read a records file back (records.jsonl.gz, or an older records.jsonl; a run directory finds its file);
+    a torn last line (a crash mid-write) is skipped, not fatal."""
+    return list(iter_records(path))
+
+
+def iter_records(path: Path) -> Iterator[RequestRecord]:
+    """The records of a records file, one at a time."""
+    path = Path(path)
+    if path.is_dir():
+        found = records_file(path)
+        if found is None:
+            return
+        path = found
+    if path.suffix == ".gz":
+        fh = gzip.open(path, "rb")
+    else:
+        fh = open(path, "rb")
+    with fh:
+        while True:
+            try:
+                line = fh.readline()
+            except (EOFError, zlib.error, gzip.BadGzipFile):
+                return  # the stream ends torn (a crash, or a writer still at work): what came before stands
+            if not line:
+                return
             line = line.strip()
             if not line:
                 continue
             try:
-                records.append(RequestRecord.model_validate_json(line))
+                yield RequestRecord.model_validate_json(line)
             except ValueError:
                 continue
-    return records

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +27,7 @@ def is_representative(summary: RunSummary) -> bool:
     return not (summary.launch and any(f.severity == "serious" for f in summary.launch.lint))
 
 
-def save_bench(store: Store, result: BenchResult, records: Sequence[RequestRecord], run_dir: Path, run_id: str,
+def save_bench(store: Store, result: BenchResult, records: Iterable[RequestRecord], run_dir: Path, run_id: str,
                *, status: str = "complete", error: str | None = None) -> RunSummary:
     """A `servelab bench --out` run in the store: a run with no launch and one trial holding the bench (its
     single-stream result, or any other mode's as the sweep), so `runs`, `show`, `compare`, `report` and `export`
@@ -44,7 +44,7 @@ def save_bench(store: Store, result: BenchResult, records: Sequence[RequestRecor
     return summary
 
 
-def save_run(store: Store, summary: RunSummary, records: Sequence[RequestRecord], run_dir: Path | None = None,
+def save_run(store: Store, summary: RunSummary, records: Iterable[RequestRecord], run_dir: Path | None = None,
              *, cell_name: str | None = None, experiment_id: str | None = None) -> None:
     prov = summary.provenance
     url = summary.launch.url if summary.launch else (summary.verify.url if summary.verify else None)
@@ -93,8 +93,8 @@ def save_run(store: Store, summary: RunSummary, records: Sequence[RequestRecord]
                         for key, fig in summary.headline.items()])
         db.executemany("INSERT INTO records (run_id, seq, tag, warmup, ok, output_tokens, record, trial) "
                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       [(summary.run_id, i, r.tag, int(r.warmup), int(r.ok), r.output_tokens, r.model_dump_json(),
-                         r.trial) for i, r in enumerate(records)])
+                       ((summary.run_id, i, r.tag, int(r.warmup), int(r.ok), r.output_tokens, r.model_dump_json(),
+                         r.trial) for i, r in enumerate(records)))  # streamed: never all in memory at once
 
 
 @dataclass(frozen=True)
