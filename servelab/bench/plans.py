@@ -67,6 +67,10 @@ class LoadPlan:
 
     def describe(self, mode: str) -> dict[str, Any]:
         d: dict[str, Any] = {"requests_per_level": self.requests, "duration_s_per_level": self.duration_s}
+        if mode == "replay":  # the trace's own schedule (its level's `load` says how it was scaled)
+            return d | {"schedule": "the trace's arrival times, time-scaled"}
+        if mode == "multiturn" and not self.rates:
+            return d | {"users": self.concurrency}
         if mode == "concurrency" or (mode == "slo-search" and self.search == "concurrency"):
             d["concurrency"] = self.concurrency if mode == "concurrency" else None
         else:
