@@ -174,3 +174,27 @@ def test_compare_and_report_show_late_turn_ttft_and_the_cache_behind_it(tmp_path
     assert hits["neutral"] and hits["figures"][0]["value"] == 0 and hits["figures"][1]["value"] > 50, hits
     html = (tmp_path / "r.html").read_text()
     assert "ttft-by-turn" in html and "TTFT p50 by turn" in html
+
+
+def test_open_loop_conversations_start_on_schedule_and_go_on_turn_by_turn(tmp_path) -> None:
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{c} {k}"} for k in range(3)]})
+                            + "\n" for c in range(5)))
+    fake = PrefixCacheFake("vllm")
+    records = []
+    with serving(fake.app()) as url:
+        opts = build_options(BenchArgs(mode="multiturn", rate="20", arrival="constant", conversations=5,
+                                       think_time="0.01", dataset=path, max_tokens=2, warmup=0, tokenizer="none"))
+        result = bench(url, opts, on_record=records.append)
+    (level,) = result.levels
+    assert (level.tag, level.mode, level.ok) == ("r20", "rate", 15)
+    firsts = sorted((r for r in records if r.turn == 1), key=lambda r: r.scheduled_ns)
+    assert len(firsts) == 5 and all(r.t_send_ns >= r.scheduled_ns for r in firsts)
+    gaps = [b.scheduled_ns - a.scheduled_ns for a, b in zip(firsts, firsts[1:])]
+    assert all(abs(g - 50_000_000) < 1_000 for g in gaps), gaps  # constant arrivals at 20/s
+    assert all(r.scheduled_ns is None for r in records if r.turn != 1)
+    assert level.figures["client_lag_ms"].dist.n == 5
+    # Turns of one conversation go in order, each after the answer to the one before (and a think time).
+    for c in {r.conversation for r in records}:
+        turns = sorted((r for r in records if r.conversation == c), key=lambda r: r.turn)
+        assert all(b.t_send_ns >= a.t_end_ns + 10_000_000 for a, b in zip(turns, turns[1:]))
