@@ -109,7 +109,8 @@ class Samples:
             return math.nan
         if self._exact is not None:
             if infinite:
-                return percentile(sorted(self._exact) + [math.inf] * infinite, q)
+                value = percentile(sorted(self._exact) + [math.inf] * infinite, q)
+                return math.inf if math.isnan(value) else value  # between two infinite samples (inf - inf)
             return percentile(sorted(self._exact), q)
         rank = (total - 1) * q / 100.0
         if rank > self.n - 1:
