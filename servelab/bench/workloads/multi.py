@@ -52,6 +52,9 @@ def build_multi_workload(a, output: OutputSpec):
 
 
 def _conversations(a, output: OutputSpec) -> ConversationWorkload:
+    if a.requests is not None:
+        raise UserError("--requests does not apply to --mode multiturn: a level runs whole conversations",
+                        hint="use --conversations N")
     if a.endpoint not in (None, "chat"):
         raise UserError("multi-turn conversations are chat messages: they need --endpoint chat")
     if a.history not in HISTORIES:
