@@ -77,8 +77,10 @@ def test_a_level_through_two_workers_streams_every_record_back(cal, tmp_path) ->
     rundir.close()
     assert len(measured) == 40 and all(r.ok and r.output_tokens == 8 for r in measured)
     assert sorted(r.index for r in measured) == list(range(40))  # the coordinator numbered them, none lost
-    # Both workers sent, and split the four streams evenly (each request went to the least busy worker).
-    assert [w.requests for w in workers] == [20, 20] and all(w.status == "ok" for w in workers)
+    # Both workers sent, sharing the four streams (each request went to the worker with fewer in hand: about
+    # even, the quicker worker taking a few more on a busy machine).
+    assert sum(w.requests for w in workers) == 40 and all(w.requests >= 12 for w in workers)
+    assert all(w.status == "ok" for w in workers)
     stored = read_records(rundir.path / "records.jsonl.gz")
     assert [r.model_dump_json() for r in stored] == [r.model_dump_json() for r in measured]  # as written
     assert figures(summarize(stored, tag="c4", mode="concurrency", concurrency=4, window=window)) == \
