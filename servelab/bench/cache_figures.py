@@ -69,12 +69,13 @@ def cache_figures(rows: Iterable[CacheRow], total: int | None = None
         counts = _distribution([float(r.cached_tokens) for r in reported])  # type: ignore[arg-type]
         figures["cached_tokens"] = Figure(value=counts.mean if counts else None, unit="tokens",
                                           definition="cached-tokens", dist=counts, note=note)
-        for key, keep in (("ttft_cached_ms", lambda s: s >= CACHED_SHARE), ("ttft_uncached_ms",
-                                                                          lambda s: s < CACHED_SHARE)):
-            ttfts = _distribution([r.ttft_ms for r in reported if r.ttft_ms is not None and keep(share(r))])
+        for key, cached_side, words in (("ttft_cached_ms", True, "at least"), ("ttft_uncached_ms", False,
+                                                                                  "less than")):
+            ttfts = _distribution([r.ttft_ms for r in reported
+                                   if r.ttft_ms is not None and (share(r) >= CACHED_SHARE) == cached_side])
             figures[key] = Figure(value=ttfts.p50 if ttfts else None, unit="ms", definition="ttft-by-cache",
-                                  dist=ttfts, note=f"requests with {'at least' if key == 'ttft_cached_ms' else 'less than'}"
-                                                   f" {CACHED_SHARE:.0%} of their prompt served from cache")
+                                  dist=ttfts, note=f"requests with {words} {CACHED_SHARE:.0%} of their prompt "
+                                                   f"served from cache")
     return figures, turn_figures(rows)
 
 
