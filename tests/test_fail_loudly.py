@@ -19,7 +19,7 @@ from servelab.bench.options import BenchArgs, build_options
 from servelab.bench.runner import bench
 from servelab.calibration import Script, start_calibration_server
 from servelab.report.progress import LevelProgress
-from servelab.records import ErrorCount, RequestRecord, Summary
+from servelab.records import ErrorCount, RequestRecord, Summary, TokenEvent
 from servelab.store.rundir import read_records
 
 SERVELAB = [sys.executable, "-m", "servelab.cli"]
@@ -139,3 +139,22 @@ def test_the_live_status_counts_the_current_level_and_prints_lines_to_a_pipe() -
     with progress.printing(Console(file=out, width=200), every_s=1.0):
         time.sleep(2.3)
     assert "c2 · 1 s · 1 request · 0 tokens" in out.getvalue() or "c2 · 2 s · 1 request" in out.getvalue()
+
+
+def test_the_live_status_says_how_long_the_level_has_left_and_when_it_runs_on(monkeypatch) -> None:
+    """Issue 14: elapsed against the planned duration, then 'running on until steady' past it, tokens/s, and the
+    client's CPU once sampled."""
+    clock = [1000.0]
+    monkeypatch.setattr("servelab.report.progress.time.monotonic", lambda: clock[0])
+    progress = LevelProgress()
+    progress.begin("c8", planned_s=120.0, cap_s=480.0)
+    clock[0] += 30.0
+    r = RequestRecord(index=0, tag="c8", endpoint="/v1/chat/completions", t_send_ns=0, ok=True,
+                      events=[TokenEvent(t_ns=1, kind="answer", tokens=300)])
+    assert progress.add(r) == "c8 · 30 s of 2 min 00 s (1 min 30 s left) · 1 request · 300 tokens (10/s)"
+    clock[0] += 100.0
+    progress.cpu = 0.42
+    assert progress.line() == ("c8 · 2 min 10 s, past its 2 min 00 s: running on until steady, cap 8 min 00 s · "
+                               "1 request · 300 tokens (2/s) · client CPU 42% of a core")
+    progress.begin("single", planned_requests=8)
+    assert progress.line() == "single · 0 s · 0/8 requests · 0 tokens · client CPU 42% of a core"

@@ -1,0 +1,188 @@
+"""A soak in bounded memory: `servelab bench` held at one offered load for 1, 5 and 20 minutes.
+
+Each run starts a fresh calibration server (its own process, pinned to the last CPU; `bench` on the others) whose
+every stream is scripted: TTFT 20 ms, one token every `--itl-ms`, `--osl` tokens. `servelab bench --mode
+concurrency --concurrency C --duration D --out DIR` runs as a subprocess, exactly as a user runs it; this script
+samples its RSS (psutil, the process and its children) every second and, at the end, reads:
+
+- peak RSS, and RSS at 60 s (the same point of every run, so runs of different lengths compare);
+- bytes on disk per streamed token: the run directory's records file over the tokens the server wrote;
+- the client's timing error: its ITL p50 and p99 (summary.json) against the gaps the server actually wrote
+  (`/calibration/summary`, the truth); it must not degrade as the run grows;
+- the RSS slope over the second half of the longest run, and the RSS that slope gives at one hour.
+
+With `--baseline REF` the shortest duration also runs with servelab as it was at git REF (a worktree under
+/tmp), so the table shows before and after measured in one session on the same machine.
+
+    .venv/bin/python benchmarks/long_run.py [--minutes 1,5,20] [--concurrency 64] [--baseline 2e65285]
+
+Prints a table, writes benchmarks/results/long_run.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from servelab.calibration import Script, separate_cpus, start_calibration_server  # noqa: E402
+from servelab.provenance import host_info  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "long_run.json"
+
+
+def rss_bytes(proc: psutil.Process) -> int:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def one_run(minutes: float, args, python: str, pythonpath: str | None, label: str) -> dict:
+    script = Script(ttft_ms=20.0, itl_ms=args.itl_ms, output_tokens=args.osl, prompt_tokens=32)
+    server = start_calibration_server(script, writer="auto")
+    out = Path(tempfile.mkdtemp(prefix="servelab-soak-"))
+    duration = minutes * 60
+    cmd = [python, "-m", "servelab.cli", "bench", server.url, "--mode", "concurrency", "--concurrency",
+           str(args.concurrency), "--duration", str(duration), "--max-tokens", str(args.osl), "--warmup", "0",
+           "--tokenizer", "none", "--max-level-duration", str(duration + 120), "--out", str(out)]
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    samples: list[tuple[float, int]] = []
+    try:
+        with separate_cpus(server.pids if hasattr(server, "pids") else server.pid):
+            since = time.perf_counter_ns()
+            t0 = time.monotonic()
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                                    cwd=pythonpath or ROOT)
+            ps = psutil.Process(proc.pid)
+            next_report = 60.0
+            while proc.poll() is None:
+                samples.append((time.monotonic() - t0, rss_bytes(ps)))
+                if samples[-1][0] >= next_report:
+                    print(f"  {label} {minutes:g} min: {samples[-1][0]:.0f} s, RSS {samples[-1][1] / 2**20:.0f} MB",
+                          flush=True)
+                    next_report += 60.0
+                time.sleep(1.0)
+            stderr = proc.stderr.read() if proc.stderr else ""
+            truth = server.summary(since)
+    finally:
+        server.stop()
+    if proc.returncode not in (0,):
+        print(f"  bench exited {proc.returncode}: {stderr[-2000:]}", file=sys.stderr)
+    (summary_path,) = out.glob("*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    level = summary["levels"][0]
+    records = next((p for p in summary_path.parent.glob("records.jsonl*")), None)
+    itl = level["figures"]["itl_ms"]["dist"]
+    rss_60 = next((r for t, r in samples if t >= 60.0), samples[-1][1] if samples else None)
+    half = [(t, r) for t, r in samples if t >= samples[-1][0] / 2] if samples else []
+    slope = _slope(half)
+    tokens = truth.get("tokens") or 0
+    row = {
+        "code": label, "minutes": minutes, "concurrency": args.concurrency, "itl_ms": args.itl_ms, "osl": args.osl,
+        "requests": level["requests"], "server_tokens": tokens,
+        "output_tok_s": level["figures"]["output_tok_s"]["value"],
+        "peak_rss_mb": round(max(r for _, r in samples) / 2**20, 1) if samples else None,
+        "rss_60s_mb": round(rss_60 / 2**20, 1) if rss_60 else None,
+        "rss_slope_mb_per_min": round(slope * 60 / 2**20, 3) if slope is not None else None,
+        "records_file": records.name if records else None,
+        "records_bytes": records.stat().st_size if records else None,
+        "bytes_per_token": round(records.stat().st_size / tokens, 2) if records and tokens else None,
+        "itl_p50_ms": itl["p50"], "itl_p99_ms": itl["p99"], "itl_samples": itl["n"],
+        "itl_note": level["figures"]["itl_ms"].get("note"),
+        "true_itl_p50_ms": truth.get("itl_ms_p50"), "true_itl_p99_ms": truth.get("itl_ms_p99"),
+        "contended": (level.get("environment") or {}).get("contended"),
+        "exit": proc.returncode,
+    }
+    row["error_p50_ms"] = _err(row["itl_p50_ms"], row["true_itl_p50_ms"])
+    row["error_p99_ms"] = _err(row["itl_p99_ms"], row["true_itl_p99_ms"])
+    return row
+
+
+def _err(a, b):
+    return round(abs(a - b), 3) if a is not None and b is not None else None
+
+
+def _slope(points: list[tuple[float, int]]) -> float | None:
+    """Least-squares slope, bytes per second."""
+    if len(points) < 10:
+        return None
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mr = sum(r for _, r in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    return sum((t - mt) * (r - mr) for t, r in points) / var if var else None
+
+
+def baseline_tree(ref: str) -> str:
+    path = Path(tempfile.gettempdir()) / f"servelab-baseline-{ref}"
+    if not path.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), ref], check=True,
+                       capture_output=True)
+    return str(path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", default="1,5,20")
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--itl-ms", type=float, default=10.0)
+    ap.add_argument("--osl", type=int, default=256)
+    ap.add_argument("--baseline", default=None, help="a git ref to run the shortest duration with, for before/after")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    minutes = [float(m) for m in args.minutes.split(",")]
+    rows = []
+    if args.baseline:
+        tree = baseline_tree(args.baseline)
+        print(f"baseline {args.baseline}: {min(minutes):g} min", flush=True)
+        rows.append(one_run(min(minutes), args, sys.executable, tree, f"before ({args.baseline})"))
+    for m in minutes:
+        print(f"now: {m:g} min", flush=True)
+        rows.append(one_run(m, args, sys.executable, None, "now"))
+    now = [r for r in rows if r["code"] == "now"]
+    longest = max(now, key=lambda r: r["minutes"])
+    shortest = min(now, key=lambda r: r["minutes"])
+    extrapolated = None
+    if longest["rss_slope_mb_per_min"] is not None:
+        extrapolated = round(longest["peak_rss_mb"] + longest["rss_slope_mb_per_min"] * (60 - longest["minutes"]), 1)
+    verdict = {
+        "rss_ratio_longest_to_shortest": round(longest["peak_rss_mb"] / shortest["peak_rss_mb"], 3),
+        "rss_at_one_hour_mb_extrapolated": extrapolated,
+        "bytes_per_token_before_issue_14": 66,
+    }
+    print()
+    header = ["code", "min", "requests", "tokens", "tok/s", "peak RSS MB", "RSS@60s MB", "MB/min (2nd half)",
+              "B/token", "ITL p50 / truth", "ITL p99 / truth", "err p99 ms"]
+    print(" | ".join(header))
+    for r in rows:
+        print(" | ".join(str(x) for x in [
+            r["code"], f"{r['minutes']:g}", f"{r['requests']:,}", f"{r['server_tokens']:,}",
+            f"{r['output_tok_s']:,.0f}" if r["output_tok_s"] else "-", r["peak_rss_mb"], r["rss_60s_mb"],
+            r["rss_slope_mb_per_min"], r["bytes_per_token"],
+            f"{r['itl_p50_ms']:.2f} / {r['true_itl_p50_ms']:.2f}", f"{r['itl_p99_ms']:.2f} / {r['true_itl_p99_ms']:.2f}",
+            r["error_p99_ms"]]))
+    print(json.dumps(verdict, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"host": host_info().model_dump(), "rows": rows, "verdict": verdict,
+                                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
