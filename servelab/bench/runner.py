@@ -274,7 +274,8 @@ async def finish_level(state: BenchState, records: list[RequestRecord], *, tag: 
     attach_environment(summary, environment)
     events = tally.in_window(window)[2]
     if summary.window_s > 0:
-        warning = ceiling_warning(events / summary.window_s, state.client_ceiling)
+        processes = state.client.count if isinstance(state.client, WorkerPool) else 1
+        warning = ceiling_warning(events / summary.window_s, state.client_ceiling, processes)
         if warning:
             summary.warnings.append(warning)
     if state.recorder.recounted_live:
