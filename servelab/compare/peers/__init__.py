@@ -152,9 +152,9 @@ def numbers(values: Any, path: Path, what: str) -> list[float]:
 
 
 def _article(names: str) -> str:
-    return ("an " if names[0] in "aeiou" else "a ") + {"str": "string", "int": "integer", "float": "number",
-                                                      "dict": "object", "list": "list", "int or float": "number"
-                                                      }.get(names, names)
+    word = {"str": "string", "int": "integer", "float": "number", "dict": "object", "list": "list",
+            "int or float": "number"}.get(names, names)
+    return ("an " if word[0] in "aeiou" else "a ") + word
 
 
 def _describe(value: Any) -> str:
