@@ -3,10 +3,10 @@ RequestRecords rebuilt from per-request data when the file has it.
 
 A rebuilt record holds what the peer measured, in its own terms: its send time (0 when the file has no timeline),
 its first timed chunk at send + its TTFT, then one event per later chunk at the gaps it recorded. Tokens per chunk
-are not in any of these files; the request's output tokens are spread over its chunks (the first chunk carries
-one; with more chunks than tokens, as vLLM's role and finish chunks make, those carry none), so a request's tokens after its first chunk and the span from its
-first to its last chunk are the peer's own, and servelab's per-request definitions (decode tok/s, TTFT) computed
-from the record give the peer's figure by servelab's formula.
+are in none of these files: a request's output tokens are spread over its chunks (the first chunk carries one;
+with more chunks than tokens, as vLLM's timed role and finish chunks make, those carry none). A request's tokens
+after its first token-bearing chunk and the span from it to its last are then the peer's own, and servelab's
+per-request definitions (decode tok/s, TTFT) computed from the record apply servelab's formula to the peer's data.
 """
 
 from __future__ import annotations
