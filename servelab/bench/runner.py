@@ -241,6 +241,8 @@ async def begin_level(state: BenchState, tag: str, concurrency: int) -> None:
         opts = state.options
         if tag == "single":
             state.on_level(tag, None, None, opts.single_requests)
+        elif opts.mode in ("multiturn", "replay"):  # bounded by their turns or the trace, not by a duration
+            state.on_level(tag, None, None, None)
         else:
             requests, duration = (opts.plan.bounds(opts.level_duration_s) if opts.mode in PLAN_MODES
                                   else (None, opts.level_duration_s))
