@@ -193,8 +193,9 @@ def render_headline(console: Console, headline: dict[str, Figure], title: str = 
             continue
         rows.append([label, fmt(fig.value, 2 if fig.unit == "req/s" else 1),
                      ", ".join(x for x in (fig.counted_by, fig.note) if x)])
-    print_table(console, inert(title), [text_col("figure"), Col("value"), text_col("counted by / note")],
-                rows)
+    if rows:  # a trace replay has no headline figures: no empty table
+        print_table(console, inert(title), [text_col("figure"), Col("value"), text_col("counted by / note")],
+                    rows)
     if not_representative:
         console.print(Text("NOT REPRESENTATIVE: a serious configuration finding applies to these numbers",
                            style="bold red reverse"))
