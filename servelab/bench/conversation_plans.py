@@ -6,7 +6,8 @@ bench/plans.py _finish: server metrics, recount, figures, steady state, client-l
   each); tag `u<users>`, mode "concurrency" with concurrency = users. Trial t of an experiment runs
   conversations t x count onwards, so no trial finds another's conversations in a cache kept between trials.
 - multiturn, open loop (--rate R): conversations start at R per second (arrival process as for rate levels);
-  tag `r<R>`, mode "rate". Default conversations: R x the level duration.
+  tag `r<R>`, mode "rate" (its `rate` is None: R is in `load.conversation_rate`). Default conversations: R x the
+  level duration.
 - replay: the trace's requests (the first --requests of them, or all) at their time-scaled arrival times; tag
   `trace`, mode "rate"; `rate` is the mean offered rate. The level's `load` holds the trace's own implied cache
   hit ratio beside the one the engine reported (bench/workloads/traces.py).
@@ -84,8 +85,10 @@ async def multiturn_level(state: BenchState, client: StreamClient, target: Targe
         records, window = await run_users(client, workload, target, state.recorder, users=users,
                                           conversations=count, tag=tag, control=control, first=first)
     load["sent"] = len(records)
+    # No request rate: conversations start at `rate`, their turns follow answers (the steady-state judge's
+    # "kept up" compares completions with an offered request rate, which a conversation rate is not).
     return await _finish(state, records, tag=tag, mode="rate" if open_loop else "concurrency",
-                         concurrency=0 if open_loop else users, window=window, rate=rate, load=load,
+                         concurrency=0 if open_loop else users, window=window, rate=None, load=load,
                          control=control)
 
 
