@@ -9,8 +9,6 @@ out of every figure and error count, since they did not run to their end (docs/m
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 from servelab.bench.cache_figures import cache_figures
@@ -223,12 +221,13 @@ _WARNINGS = {
 }
 
 
-def _tally_warnings(tally: LevelTally) -> list[str]:
+def _tally_warnings(tally: LevelTally, keys: Iterable[str] = tuple(_WARNINGS)) -> list[str]:
     """Say when the client's counts and the server's usage disagree, when the requested length was ignored,
     when a prompt was not as long as the workload meant it to be (input_tokens vs usage.prompt_tokens), or when
     an answer stopped before the min_tokens it asked for."""
     out = []
-    for key, text in _WARNINGS.items():
+    for key in keys:
+        text = _WARNINGS[key]
         n = tally.warn_counts.get(key, 0)
         if n:
             sep = ": " if key in ("usage", "prompt") else " "
@@ -237,13 +236,14 @@ def _tally_warnings(tally: LevelTally) -> list[str]:
 
 
 def token_accounting_warnings(ok: Sequence[RequestRecord]) -> list[str]:
-    tally = LevelTally.from_records(ok)
-    return [w for w in _tally_warnings(tally) if "usage" in w or "ignore_eos" in w]
+    """Say when the client's counts and the server's usage disagree, or when the requested length was ignored."""
+    return _tally_warnings(LevelTally.from_records(ok), ("usage", "ignore_eos"))
 
 
 def length_control_warnings(ok: Sequence[RequestRecord]) -> list[str]:
-    tally = LevelTally.from_records(ok)
-    return [w for w in _tally_warnings(tally) if "prompt the workload" in w or "min_tokens" in w]
+    """Say when a prompt was not as long as the workload meant it to be (input_tokens vs the server's
+    usage.prompt_tokens), or when an answer stopped before the min_tokens it asked for."""
+    return _tally_warnings(LevelTally.from_records(ok), ("prompt", "min_tokens"))
 
 
 def saw_reasoning(levels: Iterable[Summary]) -> bool:
@@ -253,45 +253,6 @@ def saw_reasoning(levels: Iterable[Summary]) -> bool:
         if fig is not None and fig.dist is not None and fig.dist.max > 0:
             return True
     return False
-
-
-def token_accounting_warnings(ok: Sequence[RequestRecord]) -> list[str]:
-    """Say when the client's counts and the server's usage disagree, or when the requested length was ignored."""
-    warnings: list[str] = []
-    mismatched = [r for r in ok if r.usage and r.usage.completion_tokens is not None
-                  and r.usage.completion_tokens != r.output_tokens and not _eos_only(r)]
-    if mismatched:
-        r = mismatched[0]
-        warnings.append(f"{len(mismatched)} of {len(ok)} requests: client token count differs from the server's "
-                        f"usage (e.g. request {r.index}: {r.output_tokens} counted by {r.count_method}, "
-                        f"{r.usage.completion_tokens} in usage)")
-    short = [r for r in ok if r.sampling.get("ignore_eos") and r.max_tokens is not None
-             and r.output_tokens != r.max_tokens]
-    if short:
-        r = short[0]
-        warnings.append(f"{len(short)} of {len(ok)} requests did not produce the requested max_tokens despite "
-                        f"ignore_eos (e.g. request {r.index}: {r.output_tokens} of {r.max_tokens})")
-    return warnings
-
-
-def length_control_warnings(ok: Sequence[RequestRecord]) -> list[str]:
-    """Say when a prompt was not as long as the workload meant it to be (input_tokens vs the server's
-    usage.prompt_tokens), or when an answer stopped before the min_tokens it asked for."""
-    warnings: list[str] = []
-    off = [r for r in ok if r.input_tokens is not None and r.usage and r.usage.prompt_tokens is not None
-           and r.usage.prompt_tokens != r.input_tokens]
-    if off:
-        r = off[0]
-        warnings.append(f"{len(off)} of {len(ok)} requests: the prompt the workload built is not the length the "
-                        f"server counted (e.g. request {r.index}: {r.input_tokens} sent, {r.usage.prompt_tokens} "
-                        f"in usage.prompt_tokens)")
-    short = [r for r in ok if isinstance(r.sampling.get("min_tokens"), int) and _generated(r) < r.sampling[
-        "min_tokens"]]
-    if short:
-        r = short[0]
-        warnings.append(f"{len(short)} of {len(ok)} requests stopped before the requested min_tokens (e.g. "
-                        f"request {r.index}: {_generated(r)} of at least {r.sampling['min_tokens']})")
-    return warnings
 
 
 def _generated(r: RequestRecord) -> int:
