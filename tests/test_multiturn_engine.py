@@ -36,6 +36,27 @@ def test_multiturn_reports_per_turn_ttft_and_a_cached_share_that_rises(embedded_
         sum(r.usage.cached_tokens for r in measured) / sum(r.usage.prompt_tokens for r in measured))
 
 
+def test_trace_prompts_have_the_traces_lengths_and_share_blocks_where_hash_ids_repeat(embedded_server) -> None:
+    records = []
+    opts = build_options(BenchArgs(mode="replay", endpoint=None, dataset=SAMPLES / "mooncake-sample.jsonl",
+                                   block_tokens=16, time_scale=0.2, requests=16, warmup=0))
+    result = bench(embedded_server["url"], opts, on_record=records.append)
+    (level,) = result.levels
+    assert level.ok == 16 and level.load["requests"] == 16
+    trace = opts.workload
+    order = sorted(records, key=lambda r: r.scheduled_ns)
+    for k, r in enumerate(order):
+        assert r.usage.prompt_tokens == r.input_tokens == trace.length(k)  # exact lengths after tokenization
+        assert r.max_tokens == max(1, trace.entries[k].output_tokens)
+        assert r.usage.cached_tokens <= r.usage.prompt_tokens - 1
+    # Where a request repeats an earlier one's leading hash ids, llama.cpp finds those blocks in its cache (how
+    # much of it depends on whether the earlier request was still prefilling: the slow test compares the whole
+    # trace with what it implies).
+    implied = trace.implied_cached(16)
+    reused = [r.usage.cached_tokens for r, want in zip(order, implied) if want >= trace.overhead + 16]
+    assert reused and max(reused) >= trace.overhead + 16, (reused, implied)
+
+
 @pytest.mark.slow  # about 20 s of replay on two cores, and timing-sensitive on a busy machine
 def test_mooncake_trace_replays_on_time_and_reuses_what_its_hash_ids_imply(embedded_server) -> None:
     opts = build_options(BenchArgs(mode="replay", endpoint=None, dataset=SAMPLES / "mooncake-sample.jsonl",
