@@ -102,14 +102,16 @@ async def run_rate(client: StreamClient, workload, target: Target, recorder: Rec
 
 
 async def _sleep_until(due_ns: int, control: LevelControl) -> None:
-    """Sleep until `due_ns`; long waits (a low rate) in steps, so a level that ends meanwhile stops waiting."""
+    """Sleep until `due_ns`; long waits (a low rate) in steps, so a level that ends meanwhile stops waiting. Never
+    returns early: an event loop's timer may fire up to a millisecond before its time (uvloop rounds to whole
+    milliseconds), so a short sleep is checked again, and the send is never ahead of its schedule."""
     while True:
         delay_ns = due_ns - time.perf_counter_ns()
         if delay_ns <= 0:
             return
         if delay_ns <= LONG_WAIT_NS:
             await asyncio.sleep(delay_ns / NS_PER_S)
-            return
+            continue
         await asyncio.sleep(LONG_WAIT_NS / NS_PER_S)
         if control.ended:
             return
