@@ -10,7 +10,7 @@ wall-clock time appears only in provenance (`started_at`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_serializer, model_validator
 
@@ -48,10 +48,11 @@ ErrorKind = Literal[
 ]
 
 
-class TokenEvent(BaseModel):
-    """One received SSE event that carried generated tokens."""
+class TokenEvent(NamedTuple):
+    """One received SSE event that carried generated tokens.
 
-    model_config = ConfigDict(frozen=True)
+    A plain tuple, not a pydantic model: a long run reads millions of them back (report, compare), and a tuple
+    takes ~120 bytes where a model took ~520 (and is built ~10x faster while streaming)."""
 
     t_ns: int  # receive time (perf_counter_ns), taken right after the socket read that completed the event
     kind: TokenKind

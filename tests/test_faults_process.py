@@ -304,12 +304,12 @@ def test_a_read_only_out_or_log_dir_is_one_line_and_exit_2_before_measuring(tmp_
 
 @needs_mounts
 def test_a_disk_that_fills_during_bench_keeps_every_measurement(tmp_path: Path, fast):
-    """Item 11: `bench --out` on a filesystem that fills up mid-run (a 96 kB tmpfs; 500 compressed records fill
-    it): the run goes on, the terminal
+    """Item 11: `bench --out` on a filesystem that fills up mid-run (a 48 kB tmpfs; ~230 of the 500 compressed
+    records fill it): the run goes on, the terminal
     shows every request measured, stderr says which file could not be written and why (ENOSPC), exit 2; the
     directory holds only whole records (no torn line) and no `.tmp`."""
     full, kept = tmp_path / "full", tmp_path / "kept"
-    setup = f'mkdir -p "{full}"; mount -t tmpfs -o size=96k tmpfs "{full}"'
+    setup = f'mkdir -p "{full}"; mount -t tmpfs -o size=48k tmpfs "{full}"'
     done = in_namespace(setup, [*SERVELAB, "bench", fast.url, "--requests", "500", "--warmup", "0",
                                 "--max-tokens", "40", "--out", str(full)], keep=kept, mounted=full)
     assert done.returncode == 2, done.stderr

@@ -466,7 +466,7 @@ def thinking_run(name: str, reasoning: int, monkeypatch: pytest.MonkeyPatch, **k
 
     def request(*args, **kwargs):
         r = plain(*args, **kwargs)
-        r.events = [e.model_copy(update={"kind": "reasoning"}) if i < reasoning else e for i, e in enumerate(r.events)]
+        r.events = [e._replace(kind="reasoning") if i < reasoning else e for i, e in enumerate(r.events)]
         return r
 
     monkeypatch.setattr(synthetic_runs, "request", request)

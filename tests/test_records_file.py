@@ -24,6 +24,11 @@ def record(i: int, n: int = 200, text: str = " the") -> RequestRecord:
                          events=events, ok=True, count_method="server_per_chunk", max_tokens=n)
 
 
+def old_form(r: RequestRecord) -> dict:
+    """A record as records.jsonl held it before issue 14: each event an object with its text."""
+    return r.model_dump() | {"events": [e._asdict() for e in r.events]}
+
+
 def test_events_round_trip_as_columns_and_the_file_is_small(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "run")
     originals = [record(i) for i in range(50)]
@@ -39,7 +44,7 @@ def test_events_round_trip_as_columns_and_the_file_is_small(tmp_path: Path) -> N
     assert summarize(back, tag="c4", mode="concurrency", concurrency=4, window=window) == \
         summarize(originals, tag="c4", mode="concurrency", concurrency=4, window=window)
     tokens = sum(r.output_tokens for r in originals)
-    old_style = sum(len(json.dumps(r.model_dump())) + 1 for r in originals)  # one object per event
+    old_style = sum(len(json.dumps(old_form(r))) + 1 for r in originals)  # one object per event
     assert run.records_path.stat().st_size * 5 < old_style
     assert run.records_path.stat().st_size / tokens < 66 / 5
     line = json.loads(gzip.decompress(run.records_path.read_bytes()).splitlines()[0])
@@ -60,7 +65,7 @@ def test_an_older_run_directory_still_reads(tmp_path: Path) -> None:
     run = tmp_path / "old"
     run.mkdir()
     r = record(0, n=4)
-    (run / "records.jsonl").write_text(json.dumps(r.model_dump()) + "\n" + '{"index": 1, "tor')
+    (run / "records.jsonl").write_text(json.dumps(old_form(r)) + "\n" + '{"index": 1, "tor')
     assert records_file(run) == run / "records.jsonl"
     (back,) = read_records(run)
     assert back == r  # the older form carries each event's text: nothing is lost

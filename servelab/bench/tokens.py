@@ -112,7 +112,7 @@ async def recount_with_tokenizer(records: list[RequestRecord], tokenizer: Tokeni
         for kind, kind_ends in per_kind.items():
             evs = [e for e in r.events if e.kind == kind]
             for e, k in zip(evs, assign_tokens([e.text for e in evs], kind_ends)):
-                new_events.append(e.model_copy(update={"tokens": k}))
+                new_events.append(e._replace(tokens=k))
         new_events.sort(key=lambda e: (e.t_ns, e.kind != "reasoning"))  # reasoning first on a tie
         r.events = new_events
         r.count_method = "client_tokenizer"

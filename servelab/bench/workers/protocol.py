@@ -94,5 +94,5 @@ def decode_record(payload: bytes, shift_ns: int = 0) -> RequestRecord:
             value = getattr(record, key)
             if value is not None:
                 setattr(record, key, value - shift_ns)
-        record.events = [e.model_copy(update={"t_ns": e.t_ns - shift_ns}) for e in record.events]
+        record.events = [e._replace(t_ns=e.t_ns - shift_ns) for e in record.events]
     return record
