@@ -20,7 +20,7 @@ import asyncio
 import time
 
 from servelab.bench.client import StreamClient
-from servelab.bench.loads.common import Recorder, Target, make_spec
+from servelab.bench.loads.common import Recorder, Target, make_spec, stop_in_flight
 from servelab.bench.loads.control import Backoff, LevelControl
 from servelab.records import RequestRecord
 
@@ -81,11 +81,7 @@ async def run_concurrency(client: StreamClient, workload, target: Target, record
     try:
         await control.drain(tasks, client, recorder, measured)
     except asyncio.CancelledError:
-        # Interrupted: stop the workers and wait for them, so each request in flight is on client.cancelled.
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        recorder.add_cancelled(client, measured)
+        await stop_in_flight(tasks, client, recorder, measured)  # Ctrl-C: in flight -> cancelled
         raise
     finally:
         watcher.cancel()

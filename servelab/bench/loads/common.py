@@ -152,6 +152,16 @@ class Target:
     accepts_min_tokens: bool = False
 
 
+async def stop_in_flight(tasks, client, recorder: Recorder, measured) -> None:
+    """A level interrupted (Ctrl-C): cancel its tasks and wait for them (a cancelled gather already did; a task
+    cancelled while its sender slept did not), so each request in flight is on the client's list, then record
+    those as cancelled, in the level's records too. The caller re-raises the cancellation."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    recorder.add_cancelled(client, measured)
+
+
 def make_spec(workload, target: Target, recorder: Recorder, tag: str, warmup: bool = False) -> RequestSpec:
     """The next request of `workload`, numbered in the order requests are built."""
     return workload.request(recorder.take_index(), target.model, tag=tag, warmup=warmup,

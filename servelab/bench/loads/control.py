@@ -80,7 +80,9 @@ class LevelControl:
 
     def sending(self, t_ns: int) -> None:
         self.sent += 1
-        self.last_send_ns = t_ns
+        # the latest send, even when a scheduled time is reported after a later actual one (open-loop
+        # conversations): the window's end, and the tally's floor, never move back
+        self.last_send_ns = t_ns if self.last_send_ns is None else max(self.last_send_ns, t_ns)
 
     def finished(self, record: RequestRecord) -> None:
         if record.ok:

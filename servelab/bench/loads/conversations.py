@@ -22,7 +22,7 @@ import time
 
 from servelab.bench.client import StreamClient
 from servelab.bench.loads.arrivals import Arrival, schedule_ns
-from servelab.bench.loads.common import Recorder, Target
+from servelab.bench.loads.common import Recorder, Target, stop_in_flight
 from servelab.bench.loads.control import LevelControl
 from servelab.bench.loads.open_loop import START_LEAD_NS, _sleep_until
 from servelab.records import RequestRecord
@@ -62,7 +62,6 @@ async def run_users(client: StreamClient, workload, target: Target, recorder: Re
     """Closed loop: `users` users share `conversations` conversations (numbered first..first+conversations-1)."""
     control = control or LevelControl(None, duration_s=None,
                                       max_requests=planned_turns(workload, conversations, first))
-    measured: list[RequestRecord] = []
     next_conversation = 0
 
     async def user() -> None:
@@ -74,16 +73,14 @@ async def run_users(client: StreamClient, workload, target: Target, recorder: Re
 
     start_ns = time.perf_counter_ns()
     control.begin(start_ns)
+    measured = recorder.level(window_start_ns=start_ns, floor=control.window_floor_ns)
     watcher = asyncio.create_task(control.watch())
     tasks = [asyncio.create_task(user()) for _ in range(min(users, conversations))]
     try:
         await asyncio.gather(*tasks)
         control.end_schedule()
     except asyncio.CancelledError:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        recorder.add_cancelled(client, measured)
+        await stop_in_flight(tasks, client, recorder, measured)  # Ctrl-C: in flight -> cancelled
         raise
     finally:
         watcher.cancel()
@@ -99,10 +96,10 @@ async def run_conversation_starts(client: StreamClient, workload, target: Target
     control = control or LevelControl(None, duration_s=None,
                                       max_requests=planned_turns(workload, conversations, first), open_loop=True)
     offsets = schedule_ns(rate=rate, arrival=arrival, burstiness=burstiness, seed=seed, count=conversations)
-    measured: list[RequestRecord] = []
     tasks: list[asyncio.Task] = []
     start_ns = time.perf_counter_ns() + START_LEAD_NS
     control.begin(start_ns)
+    measured = recorder.level(window_start_ns=start_ns, floor=control.window_floor_ns)
     watcher = asyncio.create_task(control.watch())
     try:
         for i, offset in enumerate(offsets):
@@ -115,10 +112,7 @@ async def run_conversation_starts(client: StreamClient, workload, target: Target
         await asyncio.gather(*tasks)
         control.end_schedule()
     except asyncio.CancelledError:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        recorder.add_cancelled(client, measured)
+        await stop_in_flight(tasks, client, recorder, measured)  # Ctrl-C: in flight -> cancelled
         raise
     finally:
         watcher.cancel()

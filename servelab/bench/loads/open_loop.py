@@ -26,7 +26,7 @@ import time
 
 from servelab.bench.client import RequestSpec, StreamClient
 from servelab.bench.loads.arrivals import Arrival, schedule_ns
-from servelab.bench.loads.common import Recorder, Target, make_spec
+from servelab.bench.loads.common import Recorder, Target, make_spec, stop_in_flight
 from servelab.bench.loads.control import LevelControl
 from servelab.records import RequestRecord
 
@@ -87,12 +87,7 @@ async def run_rate(client: StreamClient, workload, target: Target, recorder: Rec
         control.end_schedule()
         await control.drain(tasks, client, recorder, measured)
     except asyncio.CancelledError:
-        # Interrupted: stop the requests in flight and wait for them (a cancelled gather already did; one
-        # cancelled while the sender slept did not), so each is recorded as cancelled before the level ends.
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        recorder.add_cancelled(client, measured)
+        await stop_in_flight(tasks, client, recorder, measured)  # Ctrl-C: in flight -> cancelled
         raise
     finally:
         watcher.cancel()

@@ -12,7 +12,7 @@ import asyncio
 import time
 
 from servelab.bench.client import StreamClient
-from servelab.bench.loads.common import Recorder, Target
+from servelab.bench.loads.common import Recorder, Target, stop_in_flight
 from servelab.bench.loads.control import LevelControl
 from servelab.bench.loads.open_loop import START_LEAD_NS, _sleep_until
 from servelab.records import RequestRecord
@@ -30,8 +30,6 @@ async def run_trace(client: StreamClient, workload, target: Target, recorder: Re
                                 accepts_min_tokens=target.accepts_min_tokens)
         spec.index = recorder.take_index()
         specs.append(spec)
-    measured: list[RequestRecord] = []
-
     async def one(spec, scheduled_ns: int) -> None:
         record = await client.send(spec, scheduled_ns=scheduled_ns)
         recorder.add(record)
@@ -41,6 +39,7 @@ async def run_trace(client: StreamClient, workload, target: Target, recorder: Re
     tasks: list[asyncio.Task] = []
     start_ns = time.perf_counter_ns() + START_LEAD_NS
     control.begin(start_ns)
+    measured = recorder.level(window_start_ns=start_ns, floor=control.window_floor_ns)
     watcher = asyncio.create_task(control.watch())
     try:
         for spec, offset in zip(specs, offsets):
@@ -53,10 +52,7 @@ async def run_trace(client: StreamClient, workload, target: Target, recorder: Re
         control.end_schedule()
         await control.drain(tasks, client, recorder, measured)
     except asyncio.CancelledError:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        recorder.add_cancelled(client, measured)
+        await stop_in_flight(tasks, client, recorder, measured)  # Ctrl-C: in flight -> cancelled
         raise
     finally:
         watcher.cancel()
