@@ -6,9 +6,12 @@ concurrency --concurrency C --duration D --out DIR` runs as a subprocess, exactl
 samples its RSS (psutil, the process and its children) every second and, at the end, reads:
 
 - peak RSS, and RSS at 60 s (the same point of every run, so runs of different lengths compare);
-- bytes on disk per streamed token: the run directory's records file over the tokens the server wrote;
-- the client's timing error: its ITL p50 and p99 (summary.json) against the gaps the server actually wrote
-  (`/calibration/summary`, the truth); it must not degrade as the run grows;
+- bytes on disk per streamed token: the run directory's records file over the tokens its records hold;
+- the client's timing error over the run's last two minutes: the ITL p50 and p99 of the requests sent then
+  (from the records file) against the gaps the server actually wrote for the requests it received then
+  (`/calibration/summary?since_ns=`, the truth; the server keeps its last 4,096 requests, so a window at the end
+  of every run, the same length whatever the run's, is what both sides hold); it must not degrade as the run
+  grows;
 - the RSS slope over the second half of the longest run, and the RSS that slope gives at one hour.
 
 With `--baseline REF` the shortest duration also runs with servelab as it was at git REF (a worktree under
@@ -35,10 +38,13 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from servelab.bench.metrics import percentile, token_gaps_ms  # noqa: E402
 from servelab.calibration import Script, separate_cpus, start_calibration_server  # noqa: E402
+from servelab.store.rundir import iter_records  # noqa: E402
 from servelab.provenance import host_info  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "long_run.json"
+ERROR_WINDOW_S = 120.0  # the timing error is taken over each run's last two minutes
 
 
 def rss_bytes(proc: psutil.Process) -> int:
@@ -79,7 +85,8 @@ def one_run(minutes: float, args, python: str, pythonpath: str | None, label: st
                     next_report += 60.0
                 time.sleep(1.0)
             stderr = proc.stderr.read() if proc.stderr else ""
-            truth = server.summary(since)
+            end_window = max(since, time.perf_counter_ns() - int(ERROR_WINDOW_S * 1e9))
+            truth = server.summary(end_window)
     finally:
         server.stop()
     if proc.returncode not in (0,):
@@ -89,13 +96,18 @@ def one_run(minutes: float, args, python: str, pythonpath: str | None, label: st
     level = summary["levels"][0]
     records = next((p for p in summary_path.parent.glob("records.jsonl*")), None)
     itl = level["figures"]["itl_ms"]["dist"]
+    tokens, end_gaps = 0, []
+    for r in iter_records(records) if records else ():
+        tokens += r.output_tokens
+        if r.ok and r.t_send_ns >= end_window:
+            end_gaps.extend(token_gaps_ms(r))
+    end_gaps.sort()
     rss_60 = next((r for t, r in samples if t >= 60.0), samples[-1][1] if samples else None)
     half = [(t, r) for t, r in samples if t >= samples[-1][0] / 2] if samples else []
     slope = _slope(half)
-    tokens = truth.get("tokens") or 0
     row = {
         "code": label, "minutes": minutes, "concurrency": args.concurrency, "itl_ms": args.itl_ms, "osl": args.osl,
-        "requests": level["requests"], "server_tokens": tokens,
+        "requests": level["requests"], "tokens": tokens,
         "output_tok_s": level["figures"]["output_tok_s"]["value"],
         "peak_rss_mb": round(max(r for _, r in samples) / 2**20, 1) if samples else None,
         "rss_60s_mb": round(rss_60 / 2**20, 1) if rss_60 else None,
@@ -103,9 +115,13 @@ def one_run(minutes: float, args, python: str, pythonpath: str | None, label: st
         "records_file": records.name if records else None,
         "records_bytes": records.stat().st_size if records else None,
         "bytes_per_token": round(records.stat().st_size / tokens, 2) if records and tokens else None,
-        "itl_p50_ms": itl["p50"], "itl_p99_ms": itl["p99"], "itl_samples": itl["n"],
-        "itl_note": level["figures"]["itl_ms"].get("note"),
+        "run_itl_p50_ms": itl["p50"], "run_itl_p99_ms": itl["p99"], "run_itl_samples": itl["n"],
+        "run_itl_note": level["figures"]["itl_ms"].get("note"),
+        "error_window_s": ERROR_WINDOW_S,
+        "itl_p50_ms": percentile(end_gaps, 50) if end_gaps else None,
+        "itl_p99_ms": percentile(end_gaps, 99) if end_gaps else None, "itl_samples": len(end_gaps),
         "true_itl_p50_ms": truth.get("itl_ms_p50"), "true_itl_p99_ms": truth.get("itl_ms_p99"),
+        "true_itl_samples": truth.get("itl_samples"), "server_late_ms_p99": truth.get("late_ms_p99"),
         "contended": (level.get("environment") or {}).get("contended"),
         "exit": proc.returncode,
     }
@@ -168,7 +184,7 @@ def main() -> None:
     }
     print()
     header = ["code", "min", "requests", "tokens", "tok/s", "peak RSS MB", "RSS@60s MB", "MB/min (2nd half)",
-              "B/token", "ITL p50 / truth", "ITL p99 / truth", "err p99 ms"]
+              "B/token", "ITL p50 / truth (last 2 min)", "ITL p99 / truth", "err p99 ms", "contended"]
     print(" | ".join(header))
     for r in rows:
         print(" | ".join(str(x) for x in [
@@ -176,7 +192,7 @@ def main() -> None:
             f"{r['output_tok_s']:,.0f}" if r["output_tok_s"] else "-", r["peak_rss_mb"], r["rss_60s_mb"],
             r["rss_slope_mb_per_min"], r["bytes_per_token"],
             f"{r['itl_p50_ms']:.2f} / {r['true_itl_p50_ms']:.2f}", f"{r['itl_p99_ms']:.2f} / {r['true_itl_p99_ms']:.2f}",
-            r["error_p99_ms"]]))
+            r["error_p99_ms"], r["contended"]]))
     print(json.dumps(verdict, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"host": host_info().model_dump(), "rows": rows, "verdict": verdict,
