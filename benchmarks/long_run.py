@@ -130,6 +130,17 @@ def one_run(minutes: float, args, python: str, pythonpath: str | None, label: st
     return row
 
 
+def _f(v) -> str:
+    return f"{v:.2f}" if v is not None else "-"
+
+
+def save(path: Path, rows: list[dict], verdict: dict | None) -> None:
+    """Written after every run, so a crash (or Ctrl-C) later loses none that finished."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"host": host_info().model_dump(), "rows": rows, "verdict": verdict,
+                                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2))
+
+
 def _err(a, b):
     return round(abs(a - b), 3) if a is not None and b is not None else None
 
@@ -168,9 +179,11 @@ def main() -> None:
         tree = baseline_tree(args.baseline)
         print(f"baseline {args.baseline}: {min(minutes):g} min", flush=True)
         rows.append(one_run(min(minutes), args, sys.executable, tree, f"before ({args.baseline})"))
+        save(args.out, rows, None)
     for m in minutes:
         print(f"now: {m:g} min", flush=True)
         rows.append(one_run(m, args, sys.executable, None, "now"))
+        save(args.out, rows, None)
     now = [r for r in rows if r["code"] == "now"]
     longest = max(now, key=lambda r: r["minutes"])
     shortest = min(now, key=lambda r: r["minutes"])
@@ -182,21 +195,19 @@ def main() -> None:
         "rss_at_one_hour_mb_extrapolated": extrapolated,
         "bytes_per_token_before_issue_14": 66,
     }
+    save(args.out, rows, verdict)
     print()
     header = ["code", "min", "requests", "tokens", "tok/s", "peak RSS MB", "RSS@60s MB", "MB/min (2nd half)",
               "B/token", "ITL p50 / truth (last 2 min)", "ITL p99 / truth", "err p99 ms", "contended"]
     print(" | ".join(header))
     for r in rows:
         print(" | ".join(str(x) for x in [
-            r["code"], f"{r['minutes']:g}", f"{r['requests']:,}", f"{r['server_tokens']:,}",
+            r["code"], f"{r['minutes']:g}", f"{r['requests']:,}", f"{r['tokens']:,}",
             f"{r['output_tok_s']:,.0f}" if r["output_tok_s"] else "-", r["peak_rss_mb"], r["rss_60s_mb"],
             r["rss_slope_mb_per_min"], r["bytes_per_token"],
-            f"{r['itl_p50_ms']:.2f} / {r['true_itl_p50_ms']:.2f}", f"{r['itl_p99_ms']:.2f} / {r['true_itl_p99_ms']:.2f}",
+            f"{_f(r['itl_p50_ms'])} / {_f(r['true_itl_p50_ms'])}", f"{_f(r['itl_p99_ms'])} / {_f(r['true_itl_p99_ms'])}",
             r["error_p99_ms"], r["contended"]]))
     print(json.dumps(verdict, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"host": host_info().model_dump(), "rows": rows, "verdict": verdict,
-                                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2))
     print(f"wrote {args.out}")
 
 
