@@ -171,7 +171,7 @@ class LevelTally:
         self.ttft_ms.append(_ms(events[0][0] - r.t_send_ns) if events else NAN)
         self.ttfo_ms.append(_ms(metrics.ttfo_ns(r)))
         self.e2e_ns.append(r.t_end_ns - r.t_send_ns if r.t_end_ns is not None else NONE_NS)
-        span = metrics.decode_span(r)
+        span = metrics.span_of(events)  # the token events read once above, not again
         self.decode_tok_s.append(span[0] * NS_PER_S / span[1] if span else NAN)
         self.tpot_ms.append(span[1] / span[0] / NS_PER_MS if span else NAN)
         self.output_tokens.append(r.output_tokens)
