@@ -148,3 +148,28 @@ def test_bad_option_combinations_are_refused_before_anything_is_sent(args: Bench
 def test_burstiness_selects_gamma_arrivals() -> None:
     plan = build_options(BenchArgs(mode="rate", rate="5", burstiness=0.5)).plan
     assert plan.arrival == "gamma" and plan.burstiness == 0.5
+
+
+def test_a_think_time_is_never_cut_short_by_the_event_loop() -> None:
+    """uvloop's timers count whole milliseconds from when its loop last read the clock: work done in the same loop
+    turn before the wait made a 10 ms think time last ~9.6 ms (CI saw it). A pause waits out the remainder."""
+    import time
+
+    from servelab import aio
+    from servelab.bench.loads.control import LevelControl
+
+    async def go() -> list[int]:
+        control = LevelControl(None, duration_s=None, max_requests=1)
+        control.begin(time.perf_counter_ns())
+        short = []
+        for _ in range(20):
+            spin_end = time.perf_counter_ns() + 700_000  # the loop turn's own work, as a finished request's
+            while time.perf_counter_ns() < spin_end:
+                pass
+            t0 = time.perf_counter_ns()
+            await control.pause(0.01)
+            if time.perf_counter_ns() - t0 < 10_000_000:
+                short.append(time.perf_counter_ns() - t0)
+        return short
+
+    assert aio.run(go()) == []

@@ -193,13 +193,20 @@ class LevelControl:
                 await asyncio.sleep(TICK_S)
 
     async def pause(self, delay_s: float) -> None:
-        """Sleep `delay_s`, or less if the level ends meanwhile."""
-        if delay_s <= 0 or self._stop is None or self.ended:
+        """Sleep `delay_s`, or less if the level ends meanwhile. Never less otherwise: uvloop's timers count whole
+        milliseconds from the time its loop last looked at the clock, so one may fire a fraction of a millisecond
+        early; the remainder is waited again (a think time of 10 ms is at least 10 ms)."""
+        if delay_s <= 0 or self._stop is None:
             return
-        try:
-            await asyncio.wait_for(self._stop.wait(), delay_s)
-        except TimeoutError:
-            pass
+        due_ns = time.perf_counter_ns() + int(delay_s * NS_PER_S)
+        while not self.ended:
+            left_ns = due_ns - time.perf_counter_ns()
+            if left_ns <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._stop.wait(), left_ns / NS_PER_S)
+            except TimeoutError:
+                pass
 
     async def drain(self, tasks: Sequence[asyncio.Task], client, recorder, measured: list[RequestRecord]) -> None:
         """Wait for the level's tasks. A level that ended normally lets its requests in flight finish (bounded by
