@@ -229,3 +229,31 @@ def test_an_interrupted_level_gets_each_request_in_flight_back_from_its_worker()
     assert len(cut) == 4
     # Each is the worker's own record of it: what it had received when it was cancelled, not a stand-in.
     assert all((r.error_detail or "").startswith("cancelled after") and r.events for r in cut)
+
+
+def test_a_record_that_comes_back_as_its_send_is_cancelled_again_is_kept() -> None:
+    """Ctrl-C cancels a level's sends twice (the gather, then stop_in_flight). When the worker's record of a request
+    arrived in the same loop turn as the second cancel, the read loop had taken it off `pending` and the send
+    dropped it: one request in 25 handed to a worker had no record on a loaded machine."""
+    from servelab.bench.client import RequestSpec
+    from servelab.records import RequestRecord
+
+    async def go() -> tuple[list[RequestRecord], RequestRecord]:
+        pool = WorkerPool("http://127.0.0.1:1", ClientOptions(), 1)  # no process: the worker's side is played here
+        pool.workers[0].alive = True
+        send = asyncio.create_task(pool.send(RequestSpec(endpoint="/v1/chat/completions", body={}, index=7)))
+        await asyncio.sleep(0)  # handed over: waiting for the worker's record
+        send.cancel()  # Ctrl-C: the send asks the worker for its record of the request
+        await asyncio.sleep(0)
+        (rid, (fut, *_)), = pool.workers[0].pending.items()
+        back = RequestRecord(index=7, endpoint="/v1/chat/completions", t_send_ns=1, t_end_ns=2,
+                             error_kind="cancelled", error_detail="cancelled after 3 events")
+        send.cancel()  # the second cancel, and in the same loop turn the record comes back:
+        del pool.workers[0].pending[rid]  # what the read loop does with it
+        fut.set_result(back)
+        with pytest.raises(asyncio.CancelledError):
+            await send
+        return pool.cancelled, back
+
+    cancelled, back = asyncio.run(go())
+    assert cancelled == [back]

@@ -402,9 +402,11 @@ class WorkerPool:
             try:
                 record = await asyncio.wait_for(asyncio.shield(fut), CANCEL_WAIT_S)
             except (TimeoutError, asyncio.CancelledError):
+                # Cancelled again (the load mode's stop_in_flight) or out of time. The record may have come in the
+                # same loop turn: the read loop has then taken it off `pending` and only this future holds it.
+                record = fut.result() if fut.done() and not fut.cancelled() else None
                 # Not back yet: it stays in hand, and when it comes (or the pool closes without it) it joins
                 # `cancelled`, where the runner takes the last records of an interrupted run from.
-                record = None
                 fut.cancel()
             if record is not None:
                 self.cancelled.append(record)
