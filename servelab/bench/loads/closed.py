@@ -20,7 +20,7 @@ import asyncio
 import time
 
 from servelab.bench.client import StreamClient
-from servelab.bench.loads.common import Recorder, Target, make_spec, stop_in_flight
+from servelab.bench.loads.common import Recorder, Target, level_running, make_spec
 from servelab.bench.loads.control import Backoff, LevelControl
 from servelab.records import RequestRecord
 
@@ -57,9 +57,6 @@ async def run_concurrency(client: StreamClient, workload, target: Target, record
         raise ValueError("a concurrency level needs a duration, a request count, or both")
     tag = tag or f"c{concurrency}"
     control = control or LevelControl(None, duration_s=duration_s, max_requests=max_requests)
-    start_ns = time.perf_counter_ns()
-    control.begin(start_ns)
-    measured = recorder.level(window_start_ns=start_ns, floor=control.window_floor_ns)
     span = _Span()
 
     async def worker() -> None:
@@ -74,17 +71,13 @@ async def run_concurrency(client: StreamClient, workload, target: Target, record
             if backoff is not None:
                 await control.pause(backoff.after(record))
 
-    watcher = asyncio.create_task(control.watch())
-    # No more workers than requests the budget allows: `--concurrency 1000000000 --requests 4` starts four.
-    workers = concurrency if max_requests is None else min(concurrency, max_requests)
-    tasks = [asyncio.create_task(worker()) for _ in range(workers)]
-    try:
-        await control.drain(tasks, client, recorder, measured)
-    except asyncio.CancelledError:
-        await stop_in_flight(tasks, client, recorder, measured)  # Ctrl-C: in flight -> cancelled
-        raise
-    finally:
-        watcher.cancel()
+    start_ns = time.perf_counter_ns()
+    async with level_running(control, recorder, client, start_ns) as level:
+        measured = level.measured
+        # No more workers than requests the budget allows: `--concurrency 1000000000 --requests 4` starts four.
+        workers = concurrency if max_requests is None else min(concurrency, max_requests)
+        level.tasks.extend(asyncio.create_task(worker()) for _ in range(workers))
+        await control.drain(level.tasks, client, recorder, measured)
     # The window ends when the load generator stopped offering new work: at the deadline (or where the
     # steady-state rule first held, or at the cap), or at the last send when the request budget ran out first.
     window_end = control.window()[1]

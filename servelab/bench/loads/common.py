@@ -4,7 +4,8 @@ and the target's traits."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,3 +168,32 @@ def make_spec(workload, target: Target, recorder: Recorder, tag: str, warmup: bo
     return workload.request(recorder.take_index(), target.model, tag=tag, warmup=warmup,
                             accepts_ignore_eos=target.accepts_ignore_eos,
                             accepts_min_tokens=target.accepts_min_tokens)
+
+
+@dataclass
+class RunningLevel:
+    """What a load mode holds while its level runs: the level's tally (`measured`: the records the figures are
+    made of) and the tasks it started, whose requests are recorded as cancelled if the level is interrupted."""
+
+    measured: LevelTally
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def level_running(control, recorder: Recorder, client, start_ns: int) -> AsyncIterator[RunningLevel]:
+    """The frame every load level with a LevelControl runs in: the level begins at `start_ns`, its tally opens
+    with the window's floor the control keeps, and the control's watcher ends it on time even when no request
+    finishes. On Ctrl-C (the level's task cancelled) the requests in flight are recorded as cancelled before the
+    cancellation goes on; whatever way the level stops, the watcher and any task still running are cancelled."""
+    control.begin(start_ns)
+    level = RunningLevel(recorder.level(window_start_ns=start_ns, floor=control.window_floor_ns))
+    watcher = asyncio.create_task(control.watch())
+    try:
+        yield level
+    except asyncio.CancelledError:
+        await stop_in_flight(level.tasks, client, recorder, level.measured)  # in flight -> cancelled
+        raise
+    finally:
+        watcher.cancel()
+        for task in level.tasks:  # only when stopped by an exception: a finished level leaves nothing running
+            task.cancel()

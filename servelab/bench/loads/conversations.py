@@ -22,7 +22,7 @@ import time
 
 from servelab.bench.client import StreamClient
 from servelab.bench.loads.arrivals import Arrival, schedule_ns
-from servelab.bench.loads.common import Recorder, Target, stop_in_flight
+from servelab.bench.loads.common import Recorder, Target, level_running
 from servelab.bench.loads.control import LevelControl
 from servelab.bench.loads.open_loop import START_LEAD_NS, _sleep_until
 from servelab.records import RequestRecord
@@ -71,19 +71,11 @@ async def run_users(client: StreamClient, workload, target: Target, recorder: Re
             next_conversation += 1
             await _conversation(client, workload, target, recorder, control, measured, i, tag)
 
-    start_ns = time.perf_counter_ns()
-    control.begin(start_ns)
-    measured = recorder.level(window_start_ns=start_ns, floor=control.window_floor_ns)
-    watcher = asyncio.create_task(control.watch())
-    tasks = [asyncio.create_task(user()) for _ in range(min(users, conversations))]
-    try:
-        await asyncio.gather(*tasks)
+    async with level_running(control, recorder, client, time.perf_counter_ns()) as level:
+        measured = level.measured
+        level.tasks.extend(asyncio.create_task(user()) for _ in range(min(users, conversations)))
+        await asyncio.gather(*level.tasks)
         control.end_schedule()
-    except asyncio.CancelledError:
-        await stop_in_flight(tasks, client, recorder, measured)  # Ctrl-C: in flight -> cancelled
-        raise
-    finally:
-        watcher.cancel()
     return measured, control.window()
 
 
@@ -96,24 +88,16 @@ async def run_conversation_starts(client: StreamClient, workload, target: Target
     control = control or LevelControl(None, duration_s=None,
                                       max_requests=planned_turns(workload, conversations, first), open_loop=True)
     offsets = schedule_ns(rate=rate, arrival=arrival, burstiness=burstiness, seed=seed, count=conversations)
-    tasks: list[asyncio.Task] = []
     start_ns = time.perf_counter_ns() + START_LEAD_NS
-    control.begin(start_ns)
-    measured = recorder.level(window_start_ns=start_ns, floor=control.window_floor_ns)
-    watcher = asyncio.create_task(control.watch())
-    try:
+    async with level_running(control, recorder, client, start_ns) as level:
+        measured = level.measured
         for i, offset in enumerate(offsets):
             due_ns = start_ns + offset
             await _sleep_until(due_ns, control)
             if not control.may_send(due_ns):
                 break
-            tasks.append(asyncio.create_task(_conversation(client, workload, target, recorder, control, measured,
-                                                           first + i, tag, scheduled_ns=due_ns)))
-        await asyncio.gather(*tasks)
+            level.tasks.append(asyncio.create_task(_conversation(client, workload, target, recorder, control,
+                                                                 measured, first + i, tag, scheduled_ns=due_ns)))
+        await asyncio.gather(*level.tasks)
         control.end_schedule()
-    except asyncio.CancelledError:
-        await stop_in_flight(tasks, client, recorder, measured)  # Ctrl-C: in flight -> cancelled
-        raise
-    finally:
-        watcher.cancel()
     return measured, control.window()

@@ -26,7 +26,7 @@ import time
 
 from servelab.bench.client import RequestSpec, StreamClient
 from servelab.bench.loads.arrivals import Arrival, schedule_ns
-from servelab.bench.loads.common import Recorder, Target, make_spec, stop_in_flight
+from servelab.bench.loads.common import Recorder, Target, level_running, make_spec
 from servelab.bench.loads.control import LevelControl
 from servelab.records import RequestRecord
 
@@ -67,15 +67,12 @@ async def run_rate(client: StreamClient, workload, target: Target, recorder: Rec
         measured.append(record)
         control.finished(record)
 
-    tasks: list[asyncio.Task] = []
     # A pool of workers (bench/workers/) takes each request this long before its time and holds it until then
     # on the worker's clock; this process's own client sends at the time (lead 0).
     lead_ns = getattr(client, "dispatch_lead_ns", 0)
     start_ns = time.perf_counter_ns() + START_LEAD_NS
-    control.begin(start_ns)
-    measured = recorder.level(window_start_ns=start_ns, floor=control.window_floor_ns)
-    watcher = asyncio.create_task(control.watch())
-    try:
+    async with level_running(control, recorder, client, start_ns) as level:
+        measured = level.measured
         for k, offset in enumerate(offsets):
             due_ns = start_ns + offset
             await _sleep_until(due_ns - lead_ns, control)
@@ -83,16 +80,9 @@ async def run_rate(client: StreamClient, workload, target: Target, recorder: Rec
                 break
             spec = prebuilt[k] if k < len(prebuilt) else make_spec(workload, target, recorder, tag)
             control.sending(due_ns)
-            tasks.append(asyncio.create_task(one(spec, due_ns)))
+            level.tasks.append(asyncio.create_task(one(spec, due_ns)))
         control.end_schedule()
-        await control.drain(tasks, client, recorder, measured)
-    except asyncio.CancelledError:
-        await stop_in_flight(tasks, client, recorder, measured)  # Ctrl-C: in flight -> cancelled
-        raise
-    finally:
-        watcher.cancel()
-        for task in tasks:  # only when stopped by an exception: a finished level leaves nothing to cancel
-            task.cancel()
+        await control.drain(level.tasks, client, recorder, measured)
     return measured, control.window()
 
 

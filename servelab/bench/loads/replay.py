@@ -12,7 +12,7 @@ import asyncio
 import time
 
 from servelab.bench.client import StreamClient
-from servelab.bench.loads.common import Recorder, Target, stop_in_flight
+from servelab.bench.loads.common import Recorder, Target, level_running
 from servelab.bench.loads.control import LevelControl
 from servelab.bench.loads.open_loop import START_LEAD_NS, _sleep_until
 from servelab.records import RequestRecord
@@ -36,26 +36,16 @@ async def run_trace(client: StreamClient, workload, target: Target, recorder: Re
         measured.append(record)
         control.finished(record)
 
-    tasks: list[asyncio.Task] = []
     start_ns = time.perf_counter_ns() + START_LEAD_NS
-    control.begin(start_ns)
-    measured = recorder.level(window_start_ns=start_ns, floor=control.window_floor_ns)
-    watcher = asyncio.create_task(control.watch())
-    try:
+    async with level_running(control, recorder, client, start_ns) as level:
+        measured = level.measured
         for spec, offset in zip(specs, offsets):
             due_ns = start_ns + offset
             await _sleep_until(due_ns, control)
             if not control.may_send(due_ns):
                 break
             control.sending(due_ns)
-            tasks.append(asyncio.create_task(one(spec, due_ns)))
+            level.tasks.append(asyncio.create_task(one(spec, due_ns)))
         control.end_schedule()
-        await control.drain(tasks, client, recorder, measured)
-    except asyncio.CancelledError:
-        await stop_in_flight(tasks, client, recorder, measured)  # Ctrl-C: in flight -> cancelled
-        raise
-    finally:
-        watcher.cancel()
-        for task in tasks:
-            task.cancel()
+        await control.drain(level.tasks, client, recorder, measured)
     return measured, control.window()
