@@ -25,16 +25,21 @@ def encode(events: list, answer_text: str, reasoning_text: str, per_event_text: 
     if not events:
         return {"t0": None, "dt": [], "tokens": [], "kinds": [],
                 "text": [] if per_event_text else {"answer": answer_text, "reasoning": reasoning_text}}
+    # Written as each request ends, inside the client's event loop: C-level passes (count) where it can.
     times = [e.t_ns for e in events]
     tokens = [e.tokens for e in events]
-    kinds: list[list] = []
-    for e in events:
-        if kinds and kinds[-1][0] == e.kind:
-            kinds[-1][1] += 1
-        else:
-            kinds.append([e.kind, 1])
+    kind_of = [e.kind for e in events]
+    if kind_of.count(kind_of[0]) == len(kind_of):
+        kinds: list[list] = [[kind_of[0], len(kind_of)]]
+    else:
+        kinds = []
+        for kind in kind_of:
+            if kinds and kinds[-1][0] == kind:
+                kinds[-1][1] += 1
+            else:
+                kinds.append([kind, 1])
     return {"t0": times[0], "dt": [b - a for a, b in zip(times, times[1:])],
-            "tokens": tokens[0] if all(t == tokens[0] for t in tokens) else tokens,
+            "tokens": tokens[0] if tokens.count(tokens[0]) == len(tokens) else tokens,
             "kinds": kinds,
             "text": [e.text for e in events] if per_event_text
             else {"answer": answer_text, "reasoning": reasoning_text}}

@@ -154,3 +154,29 @@ def test_a_sketched_level_says_so_on_its_figure() -> None:
     s = metrics.summarize(tally, tag="c8", mode="concurrency", concurrency=8, window=(0, 0))
     assert "DDSketch" in s.figures["itl_ms"].note and "exact" in s.figures["itl_ms"].note
     assert s.figures["ttft_ms"].note is None  # per-request figures stay exact
+
+
+@pytest.mark.parametrize("limit", [10**6, 50])  # exact, and past the limit (the sketch)
+def test_adding_samples_in_bulk_equals_adding_them_one_by_one(limit: int) -> None:
+    import math
+    import random
+
+    from servelab.bench.sketch import Samples
+
+    rng = random.Random(3)
+    one, bulk = Samples(exact_limit=limit), Samples(exact_limit=limit)
+    for _ in range(40):
+        values = [rng.lognormvariate(2, 1) for _ in range(rng.randint(0, 9))]
+        counts = [rng.choice([1, 1, 2, 3]) for _ in values]
+        if rng.random() < 0.1 and values:
+            values[0] = math.inf  # a failed request counted against a target
+        if rng.random() < 0.1 and counts:
+            counts[-1] = 0
+        plain = rng.random() < 0.5
+        for v, c in zip(values, counts):
+            one.add(v, 1 if plain else c)
+        bulk.add_all(values, None if plain else counts)
+    assert (bulk.n, bulk.infinite, bulk.sketched) == (one.n, one.infinite, one.sketched)
+    assert bulk.distribution().model_dump() == pytest.approx(one.distribution().model_dump())
+    for q in (0, 50, 90, 99, 100):
+        assert bulk.quantile(q) == pytest.approx(one.quantile(q))

@@ -11,6 +11,7 @@ values only.
 from __future__ import annotations
 
 import math
+import operator
 from array import array
 
 from ddsketch import DDSketch
@@ -71,6 +72,34 @@ class Samples:
     def extend(self, values) -> None:
         for v in values:
             self.add(v)
+
+    def add_all(self, values: list[float], counts: list[int] | None = None) -> None:
+        """`add` of every value (with its count, 1 when None), in a few passes of C loops: a level folds each
+        request's gaps as it finishes, inside the client's event loop, where a slow fold delays the reading of
+        every other stream's tokens (it cost a 256-token request ~1 ms, one call to `add` per gap)."""
+        if not values:
+            return
+        if any(map(math.isinf, values)) or (counts is not None and min(counts) <= 0):
+            for v, c in zip(values, counts or [1] * len(values)):
+                self.add(v, c)
+            return
+        if counts is None or max(counts) == 1:
+            self.n += len(values)
+            self._sum += math.fsum(values)
+            flat = values
+        else:
+            self.n += sum(counts)
+            self._sum += math.fsum(map(operator.mul, values, counts))
+            flat = [v for v, c in zip(values, counts) for _ in range(c)]
+        self._min = min(self._min, min(values))
+        self._max = max(self._max, max(values))
+        if self._exact is not None:
+            self._exact.extend(flat)
+            if len(self._exact) > self.exact_limit:
+                self._to_sketch()
+        else:
+            for v in flat:
+                self._sketch.add(v)
 
     def merge(self, other: Samples) -> None:
         self.infinite += other.infinite

@@ -145,6 +145,9 @@ class LevelTally:
 
     # ---- folding one record ----
     def _fold(self, r: RequestRecord) -> None:
+        """One finished request into the tally. This runs in the client's event loop as each request ends, where
+        its time delays the reading of every other stream's tokens: each event list is walked a few times in
+        C-level passes (comprehensions, sum, min, max), never once per event in Python statements."""
         from servelab.bench import metrics  # metrics builds its figures on this module
 
         status = 0 if r.ok else 2 if metrics.is_cancelled(r) else 1
@@ -152,14 +155,18 @@ class LevelTally:
         self.t_send.append(r.t_send_ns)
         self.t_end.append(r.t_end_ns if r.t_end_ns is not None else NONE_NS)
         self.lag_ms.append((r.t_send_ns - r.scheduled_ns) / NS_PER_MS if r.scheduled_ns is not None else NAN)
-        self.client_tokens += r.output_tokens
+        carrying = [e for e in r.events if e.tokens > 0]  # metrics.token_events, as TokenEvents
+        times = [e.t_ns for e in carrying]
+        counts = [e.tokens for e in carrying]
+        output = sum(counts)
+        answer = sum([e.tokens for e in carrying if e.kind == "answer"])
+        self.client_tokens += output
         if self.slos:
             from servelab.bench.slo import request_meets
 
             self.meets.append(1 if status != 2 and request_meets(r, self.slos) else 0)
-        events = metrics.token_events(r)
-        if self.count_window:
-            self._fold_events(r, status == 0)
+        if self.count_window and carrying:
+            self._fold_events(carrying, times, output, answer, status == 0)
         if status == 1:
             self.errors[r.error_kind or "unknown"] += 1
             self._group_error(r)
@@ -168,29 +175,38 @@ class LevelTally:
             return
         self.count_methods.add(r.count_method)
         self.ok_end.append(r.t_end_ns if r.t_end_ns is not None else NONE_NS)
-        self.ttft_ms.append(_ms(events[0][0] - r.t_send_ns) if events else NAN)
+        self.ttft_ms.append(_ms(times[0] - r.t_send_ns) if times else NAN)
         self.ttfo_ms.append(_ms(metrics.ttfo_ns(r)))
         self.e2e_ns.append(r.t_end_ns - r.t_send_ns if r.t_end_ns is not None else NONE_NS)
-        span = metrics.span_of(events)  # the token events read once above, not again
-        self.decode_tok_s.append(span[0] * NS_PER_S / span[1] if span else NAN)
-        self.tpot_ms.append(span[1] / span[0] / NS_PER_MS if span else NAN)
-        self.output_tokens.append(r.output_tokens)
-        self.answer_tokens.append(r.answer_tokens)
-        self.reasoning_tokens.append(r.reasoning_tokens)
-        for (t_prev, _), (t, k) in zip(events, events[1:]):
-            self.itl.add((t - t_prev) / k / NS_PER_MS, k)
-            self.itl_chunk.add((t - t_prev) / NS_PER_MS)
-        self._warnings(r)
-        row = cache_row(r)
-        if row.cached_tokens is not None or row.turn is not None:
-            self.cache_rows.append(row)
+        # metrics.span_of: tokens after the first event, over the time from the first event to the last
+        decode_tokens, decode_ns = output - (counts[0] if counts else 0), (times[-1] - times[0] if times else 0)
+        decoded = len(times) > 1 and decode_tokens > 0 and decode_ns > 0
+        self.decode_tok_s.append(decode_tokens * NS_PER_S / decode_ns if decoded else NAN)
+        self.tpot_ms.append(decode_ns / decode_tokens / NS_PER_MS if decoded else NAN)
+        self.output_tokens.append(output)
+        self.answer_tokens.append(answer)
+        self.reasoning_tokens.append(output - answer)  # an event's tokens are answer or reasoning
+        if len(times) > 1:
+            later = counts[1:]
+            gaps = [t - t_prev for t_prev, t in zip(times, times[1:])]
+            self.itl.add_all([g / k / NS_PER_MS for g, k in zip(gaps, later)], later)
+            self.itl_chunk.add_all([g / NS_PER_MS for g in gaps])
+        self._warnings(r, output)
+        if (r.usage is not None and r.usage.cached_tokens is not None) or r.turn is not None:
+            self.cache_rows.append(cache_row(r))  # only these make a row worth keeping (cache_figures.py)
 
-    def _fold_events(self, r: RequestRecord, ok: bool) -> None:
+    def _fold_events(self, carrying: list, times: list[int], tokens: int, answer: int, ok: bool) -> None:
+        """The window's tokens: counted at once for events before the floor, kept (three numbers each) for later
+        ones until the window's end is known."""
         floor = self.floor() if self.floor is not None else None
         start = self.window_start_ns
-        for e in r.events:
-            if e.tokens <= 0:
-                continue
+        if floor is not None and max(times) < floor and (start is None or min(times) >= start):
+            self.folded_events += len(times)  # the usual case: every event inside
+            if ok:
+                self.folded_tokens += tokens
+                self.folded_answer += answer
+            return
+        for e in carrying:
             if start is not None and e.t_ns < start:
                 continue
             if floor is not None and e.t_ns < floor:
@@ -214,16 +230,16 @@ class LevelTally:
             self._groups[key] = ErrorCount(kind=r.error_kind or "unknown", status=r.http_status,
                                            detail=r.error_detail, count=1)
 
-    def _warnings(self, r: RequestRecord) -> None:
+    def _warnings(self, r: RequestRecord, output: int) -> None:
         from servelab.bench.metrics import _eos_only, _generated
 
         usage = r.usage
-        if usage and usage.completion_tokens is not None and usage.completion_tokens != r.output_tokens \
+        if usage and usage.completion_tokens is not None and usage.completion_tokens != output \
                 and not _eos_only(r):
-            self._warn("usage", f"request {r.index}: {r.output_tokens} counted by {r.count_method}, "
+            self._warn("usage", f"request {r.index}: {output} counted by {r.count_method}, "
                                 f"{usage.completion_tokens} in usage")
-        if r.sampling.get("ignore_eos") and r.max_tokens is not None and r.output_tokens != r.max_tokens:
-            self._warn("ignore_eos", f"request {r.index}: {r.output_tokens} of {r.max_tokens}")
+        if r.sampling.get("ignore_eos") and r.max_tokens is not None and output != r.max_tokens:
+            self._warn("ignore_eos", f"request {r.index}: {output} of {r.max_tokens}")
         if r.input_tokens is not None and usage and usage.prompt_tokens is not None \
                 and usage.prompt_tokens != r.input_tokens:
             self._warn("prompt", f"request {r.index}: {r.input_tokens} sent, {usage.prompt_tokens} in "

@@ -139,7 +139,7 @@ class RunDir:
     def _open_records(self) -> None:
         self._raw = open(self.records_path, "ab")
         self._records_good = self._raw.tell()
-        self._records = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=6)
+        self._records = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=1)
 
     @property
     def engine_log(self) -> Path:
