@@ -66,8 +66,8 @@ def one_run(minutes: float, args, python: str, pythonpath: str | None, label: st
            str(args.concurrency), "--duration", str(duration), "--max-tokens", str(args.osl), "--warmup", "0",
            "--tokenizer", "none", "--max-level-duration", str(duration + 120), "--out", str(out)]
     env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
+    if pythonpath:  # the baseline's tree first; what PYTHONPATH already held (its dependencies) after it
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
     samples: list[tuple[float, int]] = []
     try:
         with separate_cpus(server.pids if hasattr(server, "pids") else server.pid):
