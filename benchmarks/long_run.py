@@ -188,7 +188,8 @@ def main() -> None:
     longest = max(now, key=lambda r: r["minutes"])
     shortest = min(now, key=lambda r: r["minutes"])
     extrapolated = None
-    if longest["rss_slope_mb_per_min"] is not None:
+    # a slope over a short run's second half is its warm-up, not a leak: extrapolated from 5 minutes on only
+    if longest["rss_slope_mb_per_min"] is not None and longest["minutes"] >= 5:
         extrapolated = round(longest["peak_rss_mb"] + longest["rss_slope_mb_per_min"] * (60 - longest["minutes"]), 1)
     verdict = {
         "rss_ratio_longest_to_shortest": round(longest["peak_rss_mb"] / shortest["peak_rss_mb"], 3),
