@@ -303,7 +303,7 @@ def bench_cmd(
     from servelab.bench.failures import error_gate
     from servelab.bench.options import BenchArgs, build_options
     from servelab.bench.runner import bench
-    from servelab.report.progress import LevelProgress
+    from servelab.report.progress import PIPE_PROGRESS_S, LevelProgress
     from servelab.report.terminal import render_headline, render_levels
     from servelab.store.db import Store, default_store_path
     from servelab.store.export import export_csv
@@ -335,7 +335,7 @@ def bench_cmd(
         rundir.open_records()
     progress = LevelProgress()
     with ui.status("benchmarking…") as status, \
-            progress.printing(ui, every_s=None if ui.is_terminal else 10.0, status=status):
+            progress.printing(ui, every_s=None if ui.is_terminal else PIPE_PROGRESS_S, status=status):
         def on_record(record) -> None:  # records leave memory here: only the run directory keeps them
             status.update(progress.add(record))
             if rundir:

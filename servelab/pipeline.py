@@ -31,6 +31,7 @@ from servelab.lifecycle.running import RunningEngine
 from servelab.provenance import build_provenance
 from servelab.records import BenchResult, RequestRecord, RunSummary, Trial
 from servelab.report.live import live_launch
+from servelab.report.progress import PIPE_PROGRESS_S, LevelProgress
 from servelab.report.terminal import level_line, render_checks, render_levels, render_lint
 from servelab.store.rundir import RunDir
 from servelab.textsafe import inert, inert_markup
@@ -174,11 +175,18 @@ class CellSession:
             return None
 
     def _bench(self, opts: BenchOptions) -> BenchResult:
-        def on_record(record: RequestRecord) -> None:
-            record.trial = opts.trial
-            self.rundir.append_record(record)
+        # The level running now, as `bench` shows it: live in a terminal, a line every 10 s into a pipe or a CI
+        # log, so a sweep whose levels end together is never silent (report/progress.py).
+        progress = LevelProgress()
+        live = self.console.is_terminal
+        with (self.console.status("benchmarking…") if live else contextlib.nullcontext()) as status, \
+                progress.printing(self.console, every_s=None if live else PIPE_PROGRESS_S, status=status):
+            def on_record(record: RequestRecord) -> None:
+                record.trial = opts.trial
+                self.rundir.append_record(record)
+                progress.add(record)
 
-        result = bench(self.url, opts, on_record=on_record)
+            result = bench(self.url, opts, on_record=on_record, on_level=progress.begin)
         for level in result.levels:
             level.trial = opts.trial
         return result

@@ -124,11 +124,11 @@ def test_an_interrupted_experiment_resumes_skipping_finished_cells(tmp_path: Pat
     real_bench = pipeline.bench
     benched: list[str] = []
 
-    def interrupt_second(url, opts, on_record=None):
+    def interrupt_second(url, opts, **kw):
         benched.append(opts.mode)
         if len(benched) == 3:  # the second cell's first bench step: as if Ctrl-C arrived
             raise KeyboardInterrupt
-        return real_bench(url, opts, on_record=on_record)
+        return real_bench(url, opts, **kw)
 
     monkeypatch.setattr(pipeline, "bench", interrupt_second)
     quiet = Console(file=open("/dev/null", "w"))
@@ -172,3 +172,27 @@ def test_servelab_run_with_an_invalid_file_is_a_one_line_usage_error(tmp_path: P
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert f"{bad}:9: cells[0].parallel" in lines[0]
     assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+
+
+def test_run_into_a_pipe_prints_the_level_it_is_measuring_while_it_runs(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep's level lines come when its bench ends: into a CI log, `run` printed nothing for the ~20 s of a
+    sweep. It prints the level now running every PIPE_PROGRESS_S (10 s; 1 s here), as `bench` does."""
+    import io
+    import re
+
+    monkeypatch.setattr(pipeline, "PIPE_PROGRESS_S", 1.0)
+    printed = io.StringIO()
+    with start_calibration_server(Script(output_tokens=40, ttft_ms=5, itl_ms=25)) as slow:  # ~1 s a request
+        text = ("name: demo\nbench: {single_requests: 3, max_tokens: 40, sweep: false, warmup: 0}\n"
+                "verify: {enabled: false}\ncells:\n" + FIRST.replace("URL", slow.url))
+        result = run_experiment(parse_experiment(text, "exp.yaml"), ExperimentOptions(out_root=tmp_path),
+                                Console(file=printed, width=80))
+    assert result.status == "complete"
+    lines = printed.getvalue().splitlines()
+    live = [line for line in lines if re.match(r"single · \d+ s · [0-3]/3 requests · [\d,]+ tokens", line)]
+    assert len(live) >= 2, printed.getvalue()  # ~3 s of single stream, a line a second
+    # each comes before the level's result line, while the level runs
+    result_line = next(i for i, line in enumerate(lines) if line.startswith("single:") or " single:" in line
+                       or re.match(r"\s*(bench|single)\b.*tok/s", line))
+    assert lines.index(live[0]) < result_line, printed.getvalue()

@@ -469,12 +469,12 @@ def test_a_store_that_fails_mid_run_costs_no_run_directory_its_results(tmp_path:
     real_bench = pipeline.bench
     calls: list[str] = []
 
-    def bench_then_break_the_store(url, opts, on_record=None):
+    def bench_then_break_the_store(url, opts, **kw):
         calls.append(opts.mode)
         if len(calls) == 2:  # the second cell: the store breaks under the run
             with sqlite3.connect(out / "servelab.db") as db:
                 db.execute("DROP TABLE records")
-        return real_bench(url, opts, on_record=on_record)
+        return real_bench(url, opts, **kw)
 
     monkeypatch.setattr(pipeline, "bench", bench_then_break_the_store)
     printed = io.StringIO()

@@ -17,6 +17,7 @@ import threading
 import time
 
 NS_PER_S = 1_000_000_000
+PIPE_PROGRESS_S = 10.0  # into a pipe or a file: a line this often
 
 
 class LevelProgress:
