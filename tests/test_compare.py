@@ -202,3 +202,24 @@ def test_headline_figures_unchanged_by_loading(tmp_path: Path) -> None:
     summary, _ = synthetic_run("r", itl_ms=20.0)
     assert loaded.headline == summary.headline
     assert isinstance(loaded.headline["peak.output_tok_s"], Figure)
+
+
+def test_a_report_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """`report -o` and `compare --report` to a path under a file, or to a directory: an internal error with a
+    traceback hint before; now the path, the errno and what to do, exit 2, and no `.tmp` left."""
+    base = write_run_dir(tmp_path, "base", seed=1)
+    other = write_run_dir(tmp_path, "other", seed=2)
+    (tmp_path / "a-file").write_text("not a directory\n")
+    cases = [
+        (("report", str(base), "-o", str(tmp_path / "a-file" / "r.html")), "a-file is a file, not a directory"),
+        (("report", str(base), "-o", str(tmp_path)), "Is a directory (EISDIR)"),
+        (("compare", str(base), str(other), "--report", str(tmp_path / "a-file" / "c.html")),
+         "a-file is a file, not a directory"),
+    ]
+    for args, why in cases:
+        proc = cli(*args, cwd=tmp_path)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+        (line,) = [x for x in proc.stderr.splitlines() if x.strip()]
+        assert line.startswith("error: cannot write the report ") and why in line, line
+    assert not list(tmp_path.rglob("*.tmp"))

@@ -432,10 +432,8 @@ def _conclude(experiment: Experiment, result: ExperimentResult, store: StoreWrit
             try:
                 path = write_report(measured, result.comparison, out_dir / "report.html",
                                     title=f"servelab experiment {experiment.name}")
-            except OSError as exc:
-                with contextlib.suppress(OSError):
-                    (out_dir / "report.html.tmp").unlink()  # write_report's half-written copy
-                result.write_errors.append(f"could not write {out_dir / 'report.html'}: {os_error_words(exc)}")
+            except UserError as exc:  # the disk filled or turned read-only (store/files.py: no .tmp is left)
+                result.write_errors.append(exc.message)
             else:
                 result.report = str(path)
                 console.print(f"report: {path}", highlight=False)

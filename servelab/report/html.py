@@ -88,8 +88,6 @@ def render_report(runs: list[RunData], comparison: Comparison | None, title: str
 
 def write_report(runs: list[RunData], comparison: Comparison | None, path: Path,
                  title: str = "servelab report") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(render_report(runs, comparison, title), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    from servelab.store.files import write_output
+
+    return write_output(path, render_report(runs, comparison, title), "report")
