@@ -33,6 +33,9 @@ RECORD_COLUMNS = [
     "temperature", "ignore_eos", "min_tokens",
     "scheduled_ns", "t_send_ns", "t_headers_ns", "t_end_ns",
     "client_lag_ms", "ttft_ms", "ttfo_ms", "e2e_ms", "tpot_ms", "decode_tok_s", "itl_p50_ms", "itl_max_ms",
+    # Added later, so appended (scripts index columns): answer tokens beside reasoning_tokens, the server's own
+    # reasoning count, and the request's conversation and turn (multi-turn workloads and trace replay).
+    "answer_tokens", "usage_reasoning_tokens", "conversation", "turn",
 ]
 
 LEVEL_SCALARS = ["output_tok_s", "request_s", "goodput_req_s", "slo_attainment"]
@@ -42,10 +45,17 @@ STATS = ["n", "mean", "min", "p50", "p90", "p95", "p99", "max"]
 # What the machine did during the level (Summary.environment; docs/metrics.md#environment), empty when not sampled.
 LEVEL_ENVIRONMENT = ["other_cpu_cores_mean", "client_cpu_cores_mean", "engine_cpu_cores_mean", "load1_mean",
                      "steal_pct"]
+# Reasoning apart from the answer and the prefix cache (docs/metrics.md#reasoning, #cache): added after the
+# columns above, so they come last; empty when a level does not have the figure (no request reported cached
+# tokens, a summary written before the figure existed).
+LEVEL_LATER_SCALARS = ["answer_tok_s", "reasoning_share", "cache_hit_ratio"]
+LEVEL_LATER_DISTRIBUTIONS = ["answer_tokens", "reasoning_tokens", "cached_tokens", "ttft_cached_ms",
+                             "ttft_uncached_ms"]
 LEVEL_COLUMNS = (["trial", "tag", "mode", "concurrency", "rate", "requests", "ok", "failed", "cancelled",
                   "errors", "window_s", "counted_by", "slo_passed"] + LEVEL_SCALARS
                  + [f"{name}_{stat}" for name in LEVEL_DISTRIBUTIONS for stat in STATS]
-                 + ["contended"] + LEVEL_ENVIRONMENT + ["warnings"])
+                 + ["contended"] + LEVEL_ENVIRONMENT + ["warnings"]
+                 + LEVEL_LATER_SCALARS + [f"{name}_{stat}" for name in LEVEL_LATER_DISTRIBUTIONS for stat in STATS])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -72,6 +82,8 @@ def record_row(r: RequestRecord) -> dict[str, Any]:
         "ttft_ms": _ms(metrics.ttft_ns(r)), "ttfo_ms": _ms(metrics.ttfo_ns(r)), "e2e_ms": _ms(metrics.e2e_ns(r)),
         "tpot_ms": metrics.tpot_ms(r), "decode_tok_s": metrics.decode_tok_s(r),
         "itl_p50_ms": metrics.percentile(gaps, 50) if gaps else None, "itl_max_ms": gaps[-1] if gaps else None,
+        "answer_tokens": r.answer_tokens, "usage_reasoning_tokens": usage.reasoning_tokens if usage else None,
+        "conversation": r.conversation, "turn": r.turn,
     }
 
 
@@ -82,10 +94,10 @@ def level_row(s: Summary) -> dict[str, Any]:
         "errors": ";".join(f"{k}:{v}" for k, v in sorted(s.errors.items())) or None,
         "window_s": s.window_s, "counted_by": s.figures["output_tok_s"].counted_by if "output_tok_s" in s.figures
         else None, "slo_passed": s.slo["passed"] if s.slo else None, "warnings": " | ".join(s.warnings) or None}
-    for name in LEVEL_SCALARS:
+    for name in LEVEL_SCALARS + LEVEL_LATER_SCALARS:
         fig = s.figures.get(name)
         row[name] = fig.value if fig else None
-    for name in LEVEL_DISTRIBUTIONS:
+    for name in LEVEL_DISTRIBUTIONS + LEVEL_LATER_DISTRIBUTIONS:
         dist = s.figures[name].dist if name in s.figures else None
         for stat in STATS:
             row[f"{name}_{stat}"] = getattr(dist, stat) if dist else None
