@@ -356,8 +356,8 @@ def bench_cmd(
         if csv:
             try:
                 export_csv(rundir.iter_records(), result.levels, rundir.path)
-            except OSError as exc:
-                not_written.append(f"could not write the CSV files in {rundir.path}: {exc.strerror or exc}")
+            except UserError as exc:  # store/files.py: the path and the errno
+                not_written.append(exc.message)
         stored_in = store or default_store_path(out)
         try:
             with Store.open(stored_in) as db:  # listed by `servelab runs`, read by show, compare, report, export

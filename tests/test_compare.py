@@ -223,3 +223,15 @@ def test_a_report_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path: P
         (line,) = [x for x in proc.stderr.splitlines() if x.strip()]
         assert line.startswith("error: cannot write the report ") and why in line, line
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_an_export_to_a_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    base = write_run_dir(tmp_path, "base", seed=1)
+    (tmp_path / "a-file").write_text("not a directory\n")
+    for fmt in ("csv", "vllm"):  # json writes as csv does (store/export.py)
+        proc = cli("export", str(base), "--format", fmt, "--to", str(tmp_path / "a-file" / "out"), cwd=tmp_path)
+        assert proc.returncode == 2, (fmt, proc.stderr)
+        (line,) = [x for x in proc.stderr.splitlines() if x.strip()]
+        assert line.startswith("error: cannot create the export directory ") and "a-file" in line, line
+    proc = cli("export", str(base), "--to", str(tmp_path / "x"), cwd=tmp_path)  # and where it can, it writes
+    assert proc.returncode == 0 and (tmp_path / "x" / "records.csv").is_file(), proc.stderr

@@ -22,6 +22,7 @@ from typing import Any
 from servelab.bench import metrics
 from servelab.errors import UserError
 from servelab.records import RequestRecord, Summary
+from servelab.store.files import ensure_output_dir, output_file, write_output
 from servelab.store.rundir import read_records, records_file
 
 FORMATS = ("csv", "json", "vllm")  # vllm: one vllm-bench-serve-shaped JSON per level (store/export_vllm.py)
@@ -114,7 +115,7 @@ def level_row(s: Summary) -> dict[str, Any]:
 
 def export_csv(records: Sequence[RequestRecord], levels: Sequence[Summary], out_dir: Path) -> list[Path]:
     """records.csv and levels.csv in `out_dir`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_output_dir(out_dir, "export directory")
     paths = [out_dir / "records.csv", out_dir / "levels.csv"]
     _write_csv(paths[0], RECORD_COLUMNS, (record_row(r) for r in records))
     _write_csv(paths[1], LEVEL_COLUMNS, (level_row(s) for s in levels))
@@ -123,7 +124,7 @@ def export_csv(records: Sequence[RequestRecord], levels: Sequence[Summary], out_
 
 def export_json(records: Sequence[RequestRecord], levels: Sequence[Summary], out_dir: Path) -> list[Path]:
     """records.json and levels.json in `out_dir`: the models' own JSON, lists of them."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_output_dir(out_dir, "export directory")
     paths = [out_dir / "records.json", out_dir / "levels.json"]
     _write_text(paths[0], "[" + ",\n".join(r.model_dump_json() for r in records) + "]\n")
     _write_text(paths[1], "[" + ",\n".join(s.model_dump_json(indent=2) for s in levels) + "]\n")
@@ -228,19 +229,15 @@ def _model_of(run_dir: Path) -> str:
 
 
 def _write_csv(path: Path, columns: list[str], rows) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as fh:
+    with output_file(path, "export file") as tmp, open(tmp, "w", encoding="utf-8", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="raise")
         writer.writeheader()
         for row in rows:
             writer.writerow({k: _cell(v) for k, v in row.items()})
-    tmp.replace(path)
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_output(path, text, "export file")
 
 
 def _cell(value: Any) -> Any:

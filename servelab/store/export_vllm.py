@@ -32,6 +32,7 @@ from typing import Any
 
 from servelab.bench import metrics
 from servelab.records import RequestRecord, Summary
+from servelab.store.files import ensure_output_dir, write_output
 
 NS = 1e9
 
@@ -86,7 +87,7 @@ def level_document(level: Summary, records: Sequence[RequestRecord], model: str 
 def export_vllm(records: Sequence[RequestRecord], levels: Sequence[Summary], out_dir: Path, model: str = "",
                 started_at: str = "") -> list[Path]:
     """One `vllm-<tag>.json` per level (`vllm-<tag>-trial<N>.json` when the run has several trials)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_output_dir(out_dir, "export directory")
     trials = {lv.trial for lv in levels}
     paths = []
     for level in levels:
@@ -94,10 +95,7 @@ def export_vllm(records: Sequence[RequestRecord], levels: Sequence[Summary], out
         endpoint = "completions" if mine and mine[0].endpoint.endswith("/completions") and "chat" not in \
             mine[0].endpoint else "chat"
         name = f"vllm-{level.tag}" + (f"-trial{level.trial + 1}" if len(trials) > 1 else "") + ".json"
-        path = out_dir / name
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(level_document(level, mine, model, started_at, endpoint), indent=1) + "\n",
-                       encoding="utf-8")
-        tmp.replace(path)
-        paths.append(path)
+        paths.append(write_output(out_dir / name, json.dumps(level_document(level, mine, model, started_at,
+                                                                            endpoint), indent=1) + "\n",
+                                  "export file"))
     return paths
