@@ -29,7 +29,7 @@ from servelab.engines import EngineSpec
 from servelab.errors import EngineFailed, UserError
 from servelab.lifecycle.running import RunningEngine
 from servelab.provenance import build_provenance
-from servelab.records import BenchResult, RequestRecord, RunSummary, Trial
+from servelab.records import BenchResult, RequestRecord, RunSummary, Summary, Trial
 from servelab.report.live import live_launch
 from servelab.report.progress import PIPE_PROGRESS_S, LevelProgress
 from servelab.report.terminal import level_line, render_checks, render_levels, render_lint
@@ -79,6 +79,7 @@ class CellSession:
         self.served_model: str | None = plan.model
         self.failed = False
         self._sweep_levels: list[int] | None = None  # the concurrencies of the first trial's sweep
+        self._shown: set[int] = set()  # levels of the bench step in progress whose line is printed already
         self.save()
 
     # ---- the server ----
@@ -151,7 +152,7 @@ class CellSession:
                     opts.sweep_levels = list(self._sweep_levels)  # every trial runs the first trial's levels
                 if not many:
                     self.console.rule(f"bench: {name}")
-                result = self._bench(opts)
+                result = self._bench(opts, name if many else None)
                 setattr(trial, name, result)
                 if name == "sweep" and self._sweep_levels is None:
                     self._sweep_levels = [s.concurrency for s in result.levels if s.mode == "concurrency"]
@@ -174,7 +175,16 @@ class CellSession:
             self.fail(exc)
             return None
 
-    def _bench(self, opts: BenchOptions) -> BenchResult:
+    def _bench(self, opts: BenchOptions, lines_as: str | None = None) -> BenchResult:
+        """One bench step. With `lines_as` (a step's name: trials print a line per level, not tables), each
+        level's line is printed as the level ends, not when the whole sweep does."""
+        self._shown = shown = set()
+
+        def on_level_done(level: Summary) -> None:
+            if lines_as is not None:
+                shown.add(id(level))
+                self._level_lines(lines_as, level)
+
         # The level running now, as `bench` shows it: live in a terminal, a line every 10 s into a pipe or a CI
         # log, so a sweep whose levels end together is never silent (report/progress.py).
         progress = LevelProgress()
@@ -186,7 +196,8 @@ class CellSession:
                 self.rundir.append_record(record)
                 progress.add(record)
 
-            result = bench(self.url, opts, on_record=on_record, on_level=progress.begin)
+            result = bench(self.url, opts, on_record=on_record, on_level=progress.begin,
+                           on_level_done=on_level_done)
         for level in result.levels:
             level.trial = opts.trial
         return result
@@ -196,12 +207,16 @@ class CellSession:
             render_levels(self.console, result)
             return
         for level in result.levels:
-            busy = level.environment is not None and level.environment.contended
-            self.console.print(Text(f"  {name:6} {level_line(level)}" + ("  ⚠ contended" if busy else ""),
-                                    style="yellow" if busy else ""), highlight=False)
-            for error in level.top_errors:
-                self.console.print(Text(f"         {level.tag} error: {inert(error_line(error))}", style="red"),
-                                   highlight=False)
+            if id(level) not in self._shown:  # a level summarised only when the bench ended (interrupted)
+                self._level_lines(name, level)
+
+    def _level_lines(self, name: str, level: Summary) -> None:
+        busy = level.environment is not None and level.environment.contended
+        self.console.print(Text(f"  {name:6} {level_line(level)}" + ("  ⚠ contended" if busy else ""),
+                                style="yellow" if busy else ""), highlight=False)
+        for error in level.top_errors:
+            self.console.print(Text(f"         {level.tag} error: {inert(error_line(error))}", style="red"),
+                               highlight=False)
 
     # ---- the end ----
     def fail(self, exc: UserError) -> None:

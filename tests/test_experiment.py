@@ -196,3 +196,35 @@ def test_run_into_a_pipe_prints_the_level_it_is_measuring_while_it_runs(tmp_path
     result_line = next(i for i, line in enumerate(lines) if line.startswith("single:") or " single:" in line
                        or re.match(r"\s*(bench|single)\b.*tok/s", line))
     assert lines.index(live[0]) < result_line, printed.getvalue()
+
+
+def test_with_trials_each_level_is_printed_once_as_it_ends(tmp_path: Path, calibration) -> None:
+    """Trials print a line per level; a sweep's lines came all at once when the sweep ended. Each now comes as its
+    level ends (before the next level's progress), and once."""
+    import io
+    import re
+    import time
+
+    from servelab.store.rundir import read_records, records_file
+
+    class Stamped(io.StringIO):  # when each line was printed, on the clock the records' times are on
+        stamps: list[tuple[int, str]] = []
+
+        def write(self, text: str) -> int:
+            self.stamps.append((time.perf_counter_ns(), text))
+            return super().write(text)
+
+    printed = Stamped()
+    text = ("name: demo\ntrials: 2\nbench: {single_requests: 2, max_tokens: 6, level_duration_s: 0.3, "
+            "max_concurrency: 2, warmup: 0, min_requests: 3}\nverify: {enabled: false}\ncells:\n"
+            + FIRST.replace("URL", calibration.url))
+    result = run_experiment(parse_experiment(text, "exp.yaml"), ExperimentOptions(out_root=tmp_path),
+                            Console(file=printed, width=200))
+    assert result.status == "complete"
+    lines = printed.getvalue().splitlines()
+    level_lines = [line.split()[:2] for line in lines if re.match(r"\s+(single|sweep)\s+(single|c\d+):", line)]
+    assert level_lines == [["single", "single:"], ["sweep", "c1:"], ["sweep", "c2:"]] * 2, printed.getvalue()
+    # the first c1 line was out before the first trial's c2 level sent anything
+    c1_printed = next(t for t, chunk in printed.stamps if re.search(r"\bc1:", chunk))
+    records = read_records(records_file(Path(result.cells[0].run_dir)))
+    assert c1_printed < min(r.t_send_ns for r in records if r.tag == "c2" and r.trial == 0)

@@ -178,7 +178,7 @@ async def _finish(state: BenchState, records: list[RequestRecord], *, tag: str, 
             and lag.value > CLIENT_LAG_WARN_MS:
         summary.warnings.append(f"client lag p99 {lag.value:.1f} ms: sends went out late, so the load offered "
                                 f"was below the schedule's (the client, not the server, limited it)")
-    state.levels.append(summary)
+    state.level_done(summary)
     stop_if_broken(summary)
     return summary
 

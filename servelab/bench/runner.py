@@ -103,6 +103,14 @@ class BenchState:
     # Told when a level begins: (tag, planned seconds, cap seconds, planned requests), for the live progress
     # (report/progress.py); called on the event loop's thread, so it must not block.
     on_level: Callable[[str, float | None, float | None, int | None], None] | None = None
+    # Told when a level is measured, with its summary, so a caller can show it before the bench ends (`run`'s
+    # sweep); on the event loop's thread, like on_level.
+    on_level_done: Callable[[Summary], None] | None = None
+
+    def level_done(self, summary: Summary) -> None:
+        self.levels.append(summary)
+        if self.on_level_done is not None:
+            self.on_level_done(summary)
 
     def collect_cancelled(self) -> None:
         """Pass on the requests that were in flight when the run was interrupted and that no load mode took yet
@@ -340,8 +348,8 @@ async def run_bench(state: BenchState) -> BenchResult:
                 await begin_level(state, "single", 1)
                 records, window = await run_single(client, opts.workload, target, state.recorder,
                                                    requests=opts.single_requests, warmup=0)
-                state.levels.append(await finish_level(state, records, tag="single", mode="single",
-                                                       concurrency=1, window=window))
+                state.level_done(await finish_level(state, records, tag="single", mode="single",
+                                                    concurrency=1, window=window))
             elif opts.mode == "sweep":
                 await sweep(state, client, target)
             else:
@@ -400,7 +408,7 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
                                                 control=control)
         level = await finish_level(state, records, tag=tag, mode="concurrency", concurrency=concurrency,
                                    window=window, control=control)
-        state.levels.append(level)
+        state.level_done(level)
         stop_if_broken(level)
         tput = level.figures["output_tok_s"].value or 0.0
         if level.failed and level.failed > (level.ok + level.failed) / 2:
@@ -429,14 +437,16 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
 
 
 def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], None] | None = None,
-          on_level: Callable[[str, float | None, float | None, int | None], None] | None = None) -> BenchResult:
+          on_level: Callable[[str, float | None, float | None, int | None], None] | None = None,
+          on_level_done: Callable[[Summary], None] | None = None) -> BenchResult:
     """Run a benchmark to the end, or until Ctrl-C; either way return what was measured."""
     base_url = normalize_base_url(url)
     check_credentials(base_url, options.api_key)
     # keep=False: records leave memory once passed on (records.jsonl); each level keeps only its tally.
     recorder = Recorder(on_record=on_record, secrets=(options.api_key,) if options.api_key else (), keep=False,
                         slos=tuple(options.plan.slos or ()))
-    state = BenchState(url=base_url, options=options, recorder=recorder, on_level=on_level)
+    state = BenchState(url=base_url, options=options, recorder=recorder, on_level=on_level,
+                       on_level_done=on_level_done)
     try:
         return aio.run(run_bench(state))
     except KeyboardInterrupt:

@@ -35,7 +35,7 @@ RECORD_COLUMNS = [
     "scheduled_ns", "t_send_ns", "t_headers_ns", "t_end_ns",
     "client_lag_ms", "ttft_ms", "ttfo_ms", "e2e_ms", "tpot_ms", "decode_tok_s", "itl_p50_ms", "itl_max_ms",
     # Added later, so appended (scripts index columns): answer tokens beside reasoning_tokens, the server's own
-    # reasoning count, and the request's conversation and turn (multi-turn workloads and trace replay).
+    # reasoning count, and the request's conversation and turn (multi-turn workloads; empty elsewhere).
     "answer_tokens", "usage_reasoning_tokens", "conversation", "turn",
 ]
 
