@@ -188,9 +188,13 @@ class LevelTally:
         self.reasoning_tokens.append(output - answer)  # an event's tokens are answer or reasoning
         if len(times) > 1:
             later = counts[1:]
-            gaps = [t - t_prev for t_prev, t in zip(times, times[1:])]
-            self.itl.add_all([g / k / NS_PER_MS for g, k in zip(gaps, later)], later)
-            self.itl_chunk.add_all([g / NS_PER_MS for g in gaps])
+            per_event = [(t - t_prev) / NS_PER_MS for t_prev, t in zip(times, times[1:])]
+            if max(later) == 1:  # one token per event (the usual stream): per-token gaps are the event gaps
+                self.itl.add_all(per_event)
+            else:
+                self.itl.add_all([(t - t_prev) / k / NS_PER_MS for t_prev, t, k in zip(times, times[1:], later)],
+                                 later)
+            self.itl_chunk.add_all(per_event)
         self._warnings(r, output)
         if (r.usage is not None and r.usage.cached_tokens is not None) or r.turn is not None:
             self.cache_rows.append(cache_row(r))  # only these make a row worth keeping (cache_figures.py)
