@@ -178,12 +178,11 @@ class CellSession:
     def _bench(self, opts: BenchOptions, lines_as: str | None = None) -> BenchResult:
         """One bench step. With `lines_as` (a step's name: trials print a line per level, not tables), each
         level's line is printed as the level ends, not when the whole sweep does."""
-        self._shown = shown = set()
+        self._shown = set()
 
-        def on_level_done(level: Summary) -> None:
-            if lines_as is not None:
-                shown.add(id(level))
-                self._level_lines(lines_as, level)
+        def print_level(level: Summary) -> None:
+            self._shown.add(id(level))
+            self._level_lines(lines_as, level)
 
         # The level running now, as `bench` shows it: live in a terminal, a line every 10 s into a pipe or a CI
         # log, so a sweep whose levels end together is never silent (report/progress.py).
@@ -197,7 +196,7 @@ class CellSession:
                 progress.add(record)
 
             result = bench(self.url, opts, on_record=on_record, on_level=progress.begin,
-                           on_level_done=on_level_done)
+                           on_level_done=print_level if lines_as is not None else None)
         for level in result.levels:
             level.trial = opts.trial
         return result

@@ -59,11 +59,7 @@ def e2e_ns(r: RequestRecord) -> int | None:
 
 def decode_span(r: RequestRecord) -> tuple[int, int] | None:
     """(tokens after the first event, ns from the first to the last token event), or None if undefined."""
-    return span_of(token_events(r))
-
-
-def span_of(ev: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
-    """decode_span of a request's token events (token_events), for callers that have them already."""
+    ev = token_events(r)
     if len(ev) < 2:
         return None
     tokens = sum(t for _, t in ev[1:])

@@ -178,7 +178,7 @@ class LevelTally:
         self.ttft_ms.append(_ms(times[0] - r.t_send_ns) if times else NAN)
         self.ttfo_ms.append(_ms(metrics.ttfo_ns(r)))
         self.e2e_ns.append(r.t_end_ns - r.t_send_ns if r.t_end_ns is not None else NONE_NS)
-        # metrics.span_of: tokens after the first event, over the time from the first event to the last
+        # metrics.decode_span, from the lists above: tokens after the first event, over first to last event
         decode_tokens, decode_ns = output - (counts[0] if counts else 0), (times[-1] - times[0] if times else 0)
         decoded = len(times) > 1 and decode_tokens > 0 and decode_ns > 0
         self.decode_tok_s.append(decode_tokens * NS_PER_S / decode_ns if decoded else NAN)

@@ -15,6 +15,7 @@ from pathlib import Path
 from servelab.errors import UserError
 from servelab.store.db import os_error_words
 
+
 def _hint(exc: OSError) -> str:
     if isinstance(exc, IsADirectoryError):
         return "give a file's path, not a directory's"
