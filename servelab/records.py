@@ -492,7 +492,17 @@ class Trial(SingleAndSweep, BaseModel):
     index: int  # 0-based within the cell; also the round of the experiment's schedule it ran in
     slot: int | None = None  # its position in the experiment's whole schedule (all cells' trials, in run order)
     started_at: str | None = None  # ISO-8601 wall clock
-    status: Literal["complete", "interrupted", "failed"] = "complete"
+    # contended: stopped early because the machine was busy (experiment/contention.py); it is kept as evidence,
+    # never counted, and its round runs again once the machine is quiet.
+    status: Literal["complete", "interrupted", "failed", "contended"] = "complete"
+    # The round of the schedule this trial stands for when it is a rerun of a contended one (its `index` is then
+    # past the planned trials, so records stay apart); None: its own index. Interleaved cells pair by round.
+    round: int | None = None
+    contention: list[str] = Field(default_factory=list)  # why it was stopped early (status contended)
+
+    @property
+    def round_index(self) -> int:
+        return self.index if self.round is None else self.round
     single: BenchResult | None = None
     sweep: BenchResult | None = None
 

@@ -31,9 +31,25 @@ def request(index: int, tag: str, t0: int, ttft_ms: float, itl_ms: float, tokens
                          max_tokens=tokens, sampling={"temperature": 0.0, "ignore_eos": True}, saw_done=True)
 
 
-def synthetic_run(run_id: str, *, itl_ms: float = 20.0, ttft_ms: float = 50.0, slots: int = 8, seed: int = 0,
-                  single_requests: int = 12, tokens: int = 32, max_concurrency: int = 4, level_s: float = 4.0,
-                  text: str = "word ", serious: bool = False) -> tuple[RunSummary, list[RequestRecord]]:
+def synthetic_run(run_id: str, *, trials: int = 1, seed: int = 0, **kw) -> tuple[RunSummary, list[RequestRecord]]:
+    """A run of `trials` trials of the same server (each its own jitter, seeded from `seed`): a better/worse
+    verdict needs two clean trials on each side (docs/metrics.md#verdicts)."""
+    summary, records = _one_trial(run_id, seed=seed, **kw)
+    for i in range(1, trials):
+        more, recs = _one_trial(run_id, seed=seed + 7919 * i, **kw)
+        trial = more.trials[0].model_copy(update={"index": i})
+        for level in trial.levels:
+            level.trial = i
+        for r in recs:
+            r.trial = i
+        summary.trials.append(trial)
+        records += recs
+    return summary, records
+
+
+def _one_trial(run_id: str, *, itl_ms: float = 20.0, ttft_ms: float = 50.0, slots: int = 8, seed: int = 0,
+               single_requests: int = 12, tokens: int = 32, max_concurrency: int = 4, level_s: float = 4.0,
+               text: str = "word ", serious: bool = False) -> tuple[RunSummary, list[RequestRecord]]:
     rng = random.Random(seed)
     records: list[RequestRecord] = []
     t = 1_000 * NS * 1000

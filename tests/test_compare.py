@@ -17,13 +17,34 @@ from servelab.store.rundir import RunDir
 from synthetic_runs import synthetic_run
 
 
-def run(name: str, **kw):
-    summary, records = synthetic_run(name, **kw)
+def run(name: str, trials: int = 2, **kw):
+    """A synthetic run of two trials by default: a better/worse verdict needs two clean trials on each side."""
+    summary, records = synthetic_run(name, trials=trials, **kw)
     return from_summary(summary, records, name, name)
 
 
 def row(comparison, key):
     return next(r for r in comparison.rows if r.key == key)
+
+
+def test_one_trial_a_side_gives_no_direction_however_clear_the_interval() -> None:
+    # Twice the decode speed, a sharp interval, but each side is one run: nothing between runs backs a direction.
+    base, faster = run("base", trials=1, itl_ms=20.0, seed=1), run("faster", trials=1, itl_ms=10.0, seed=2)
+    c = compare_runs([base, faster])
+    decode = row(c, "single.decode_tok_s")
+    assert decode.ratios[1].ci[0] > 1.5  # the interval alone would have said "better"
+    assert decode.ratios[1].verdict == "too few trials"
+    assert decode.ratios[1].reason.startswith("no verdict: 1 clean trial (base: 1 of 1; faster: 1 of 1;")
+    assert "better" not in " ".join(c.verdicts) and "no verdict: 1 clean trial" in " ".join(c.verdicts)
+    assert any("one trial per run" in w and "no better/worse verdict" in w for w in c.warnings)
+    # two trials on one side are not enough while the other side has one
+    c = compare_runs([run("base", trials=1, itl_ms=20.0, seed=1), run("faster", itl_ms=10.0, seed=2)])
+    assert row(c, "single.decode_tok_s").ratios[1].reason.startswith("no verdict: 1 clean trial (base: 1 of 1;")
+    # a literal baseline is one fixed figure, not a measurement: the measured side alone needs its two trials
+    assert row(compare_runs([literal_run("vllm", {"single.decode_tok_s": 82.5}), faster]),
+               "single.decode_tok_s").ratios[1].verdict == "too few trials"
+    assert row(compare_runs([literal_run("vllm", {"single.decode_tok_s": 82.5}), run("faster", itl_ms=10.0)]),
+               "single.decode_tok_s").ratios[1].verdict == "better"
 
 
 def test_a_clearly_faster_run_is_better_and_identical_distributions_are_within_noise() -> None:
@@ -43,7 +64,7 @@ def test_a_clearly_faster_run_is_better_and_identical_distributions_are_within_n
     assert row(c, "single.itl_ms").ratios[1].ratio == pytest.approx(0.5, rel=0.05)
     # the figures themselves are the runs' own headline values, untouched
     assert decode.figures[1].value == faster.headline["single.decode_tok_s"].value
-    assert decode.figures[1].n == 12
+    assert decode.figures[1].n == 24  # two trials of 12 requests
 
 
 def test_the_slot_limited_run_is_worse_at_peak_and_not_representative() -> None:

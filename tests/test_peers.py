@@ -140,7 +140,7 @@ def test_compare_peer_file_with_servelab_run(tmp_path, peer):
             assert verdict == "definition differs", key
             assert row["figures"][0]["definition_differs"]
         else:
-            assert verdict in ("better", "worse", "within noise", "inconsistent", "contended"), (key, verdict)
+            assert verdict in ("better", "worse", "within noise", "inconsistent", "contended", "too few trials"), (key, verdict)
             assert row["figures"][0]["definition_differs"] is None
     # the table says it too
     text = subprocess.run([*SERVELAB, "compare", str(peer), str(run_dir)], capture_output=True, text=True,

@@ -476,8 +476,9 @@ def thinking_run(name: str, reasoning: int, monkeypatch: pytest.MonkeyPatch, **k
 
 
 def test_compare_warns_when_reasoning_shares_differ_and_adds_the_answer_only_rows(monkeypatch) -> None:
-    parsed, _, _ = thinking_run("with-parser", 8, monkeypatch, seed=1)
-    leaked, _, _ = thinking_run("no-parser", 0, monkeypatch, seed=2)  # its thinking counted as answer
+    # two trials each: a better/worse verdict needs them
+    parsed, _, _ = thinking_run("with-parser", 8, monkeypatch, seed=1, trials=2)
+    leaked, _, _ = thinking_run("no-parser", 0, monkeypatch, seed=2, trials=2)  # its thinking counted as answer
     c = compare_runs([parsed, leaked])
     keys = [r.key for r in c.rows]
     assert {"single.ttfo_ms", "peak.answer_tok_s", "reasoning_share"} <= set(keys)

@@ -24,16 +24,27 @@ from servelab.records import BenchResult, Figure, RequestRecord, Summary, Trial
 
 
 def is_contended(trial: Trial) -> bool:
-    return bool(trial.contended_levels)
+    return trial.status == "contended" or bool(trial.contended_levels)
 
 
 def counted_trials(trials: Sequence[Trial]) -> tuple[list[Trial], list[Trial]]:
-    """(the trials whose figures count, the contended ones left out). Only trials that ran to the end count."""
-    done = [t for t in trials if t.status == "complete" and t.benches] or [t for t in trials if t.benches]
+    """(the trials whose figures count, the contended ones left out). Only trials that ran to the end count; a
+    trial stopped early because the machine was busy (status "contended") never counts and is always among those
+    left out, unless it is all there is."""
+    stopped = [t for t in trials if t.status == "contended" and t.benches]
+    done = ([t for t in trials if t.status == "complete" and t.benches]
+            or [t for t in trials if t.benches and t.status != "contended"])
+    if not done:
+        return stopped, []
     quiet = [t for t in done if not is_contended(t)]
     if quiet:
-        return quiet, [t for t in done if is_contended(t)]
-    return done, []
+        return quiet, sorted([t for t in done if is_contended(t)] + stopped, key=lambda t: t.index)
+    return done, stopped
+
+
+def clean_trials(trials: Sequence[Trial]) -> int:
+    """How many trials ran to the end on a quiet machine: what a better/worse verdict needs two of."""
+    return sum(1 for t in trials if t.status == "complete" and t.benches and not is_contended(t))
 
 
 def pooled_bench(benches: Sequence[BenchResult], tallies: Mapping[str, LevelTally],

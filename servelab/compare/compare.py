@@ -24,11 +24,18 @@ from servelab.errors import UserError
 # direction is claimed (docs/metrics.md#verdicts).
 # different levels: the figure was read at a different load in each run (TTFT at the top concurrency, c64 against
 # c4), so the ratio is shown and no verdict is given.
+# too few trials: the interval (or the trials) lean one way, but a side rests on fewer than MIN_CLEAN_TRIALS
+# trials that ran to the end on a quiet machine: one trial has no between-run variation behind it, so no
+# direction is claimed (the reason says how many there were).
 # definition differs: a figure read from another tool's result (compare/peers) whose definition is not servelab's
 # (its TTFT starts at another chunk, its ITL is per chunk, its throughput window includes the tail, …): the ratio is
 # shown, never a verdict.
-Verdict = Literal["baseline", "better", "worse", "within noise", "inconsistent", "contended", "different levels",
-                  "definition differs", "no interval", "missing"]
+Verdict = Literal["baseline", "better", "worse", "within noise", "inconsistent", "contended", "too few trials",
+                  "different levels", "definition differs", "no interval", "missing"]
+
+# A better/worse verdict needs at least this many clean trials (complete, on a quiet machine) on each side that
+# servelab measured; literal figures and other tools' files are one fixed reference and need none.
+MIN_CLEAN_TRIALS = 2
 
 
 def fmt_ratio(r: float) -> str:
@@ -56,6 +63,7 @@ class RatioCell(BaseModel):
     # The ratio trial by trial: paired by round for runs of one interleaved experiment, else each trial against
     # the baseline's pooled figure. The verdict needs them to agree.
     trial_ratios: list[float] = Field(default_factory=list)
+    reason: str | None = None  # why there is no verdict, in words, where the verdict alone does not say it
 
 
 class Row(BaseModel):
@@ -154,8 +162,8 @@ def trial_warnings(runs: list[RunData]) -> list[str]:
     measured = [r for r in runs if not r.literal and r.peer is None]
     if measured and all(len(r.counted) <= 1 for r in measured):
         out.append("one trial per run: the intervals cover the variation between requests within each run, not "
-                   "between runs (other work on the machine, CPU frequency, the order the runs ran in); repeat "
-                   "the runs, interleaved (`trials:` in an experiment), before trusting a small difference")
+                   "between runs (other work on the machine, CPU frequency, the order the runs ran in), so no "
+                   "better/worse verdict is given; repeat the runs, interleaved (`trials:` in an experiment)")
     for r in measured:
         if r.excluded:
             out.append(f"{r.name}: trial(s) {', '.join(str(i + 1) for i in r.excluded)} ran on a contended machine "
@@ -251,10 +259,27 @@ def _ratio_cell(metric: KeyMetric, baseline: RunData, run: RunData, base_sampler
             ci = Interval(1 / inverse.high, 1 / inverse.low)
     trial_ratios = _trial_ratios(baseline, run, base, base_sampler, sampler)
     verdict = judge(ci, metric, trial_ratios)
+    reason = None
     if verdict in ("better", "worse", "inconsistent") and (run.all_contended or baseline.all_contended):
         verdict = "contended"
+    elif verdict in ("better", "worse", "inconsistent"):
+        reason = too_few_trials(baseline, run)
+        if reason is not None:
+            verdict = "too few trials"
     return RatioCell(ratio=value / base, ci=(ci.low, ci.high) if ci else None, verdict=verdict,
-                     trial_ratios=trial_ratios)
+                     trial_ratios=trial_ratios, reason=reason)
+
+
+def too_few_trials(baseline: RunData, run: RunData) -> str | None:
+    """"no verdict: N clean trial(s) (…)" when a side servelab measured has fewer than MIN_CLEAN_TRIALS clean
+    trials; None when both have enough."""
+    short = [(r, n) for r in (baseline, run) if (n := r.clean_trials) is not None and n < MIN_CLEAN_TRIALS]
+    if not short:
+        return None
+    fewest = min(n for _, n in short)
+    sides = "; ".join(f"{r.name}: {n} of {len(r.trials) or 1}" for r, n in short)
+    return (f"no verdict: {fewest} clean trial{'' if fewest == 1 else 's'} ({sides}; a verdict needs "
+            f"{MIN_CLEAN_TRIALS} on each side)")
 
 
 def _trial_ratios(baseline: RunData, run: RunData, base: float, base_sampler, sampler) -> list[float]:
@@ -322,10 +347,11 @@ def verdict_sentences(comparison: Comparison) -> list[str]:
         parts = []
         for row in comparison.rows:
             cell = row.ratios[i]
-            if cell.verdict in ("better", "worse", "within noise", "inconsistent", "contended", "different levels") \
-                    and cell.ratio is not None and cell.ci is not None:
+            if cell.verdict in ("better", "worse", "within noise", "inconsistent", "contended", "too few trials",
+                                "different levels") and cell.ratio is not None and cell.ci is not None:
                 lo, hi = cell.ci
                 said = {"inconsistent": "inconsistent across trials", "contended": "no verdict (contended)",
+                        "too few trials": cell.reason or "no verdict (too few clean trials)",
                         "different levels": f"no verdict (measured at {row.figures[i].where} vs "
                                             f"{row.figures[0].where})"}.get(cell.verdict, cell.verdict)
                 per_trial = (", trials " + ", ".join(f"×{fmt_ratio(r)}" for r in cell.trial_ratios)

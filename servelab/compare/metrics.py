@@ -80,7 +80,7 @@ def _over_trials(run: RunData, level: Summary | None, build: Callable[[RunData, 
         return None
     built = [(trial, build(run, level, trial)) for trial in run.counted]
     kept = [(trial, p) for trial, p in built if p is not None and p.n]
-    return Trials([p for _, p in kept], ids=[trial for trial, _ in kept]) if kept else None
+    return Trials([p for _, p in kept], ids=[run.round_of(trial) for trial, _ in kept]) if kept else None
 
 
 def _per_request(value: Callable, level_of: Callable[[RunData], Summary | None] = single_level

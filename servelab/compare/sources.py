@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.bench.trials import counted_trials, is_contended, pooled_benches, run_headline
+from servelab.bench.trials import clean_trials, counted_trials, is_contended, pooled_benches, run_headline
 from servelab.errors import UserError
 from servelab.records import (BenchResult, Figure, LaunchResult, LintFinding, Provenance, RequestRecord,
                               RunSummary, SingleAndSweep, Trial, VerifyResult)
@@ -57,6 +57,20 @@ class RunData(SingleAndSweep):
         """Every trial that counts had a contended level: its figures rest on a busy machine."""
         return bool(self.counted) and all((t := self.trial(i)) is not None and is_contended(t)
                                           for i in self.counted)
+
+    def round_of(self, index: int) -> int:
+        """The round of the experiment's schedule trial `index` stands for (a rerun of a contended trial stands
+        for the round it replaced): interleaved cells' trials pair by it."""
+        found = self.trial(index)
+        return found.round_index if found is not None else index
+
+    @property
+    def clean_trials(self) -> int | None:
+        """Trials that ran to the end on a quiet machine; None for figures that are not servelab's measurement
+        (literal figures, another tool's file), which are one fixed reference by nature."""
+        if self.literal or self.peer is not None:
+            return None
+        return clean_trials(self.trials) if self.trials else 1
 
     def records_of(self, tag: str, trial: int | None = None) -> list[RequestRecord]:
         """The measured, successful requests of one level (the ones its figures are computed from), over the

@@ -12,13 +12,21 @@ from servelab.store.runs import RunRow
 from servelab.textsafe import inert, inert_markup
 
 _VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "within noise": "dim", "no interval": "yellow",
-                  "inconsistent": "yellow", "contended": "yellow", "different levels": "yellow", "missing": "dim",
+                  "inconsistent": "yellow", "contended": "yellow", "too few trials": "yellow", "different levels": "yellow",
+                  "missing": "dim",
                   "definition differs": "yellow", "baseline": "dim"}
 # How a verdict reads in a table cell (compare.py's Verdict values are the JSON's).
 VERDICT_WORDS = {"inconsistent": "inconsistent across trials", "contended": "no verdict: contended",
                  "different levels": "no verdict: different levels",
                  "definition differs": "no verdict: definition differs"}
-_STATUS_STYLE = {"complete": "green", "failed": "bold red", "interrupted": "yellow"}
+_STATUS_STYLE = {"complete": "green", "failed": "bold red", "interrupted": "yellow", "contended": "yellow"}
+
+
+def verdict_words(ratio) -> str:
+    """A ratio cell's verdict as a table shows it: "no verdict: 1 clean trial" rather than "too few trials"."""
+    if ratio.verdict == "too few trials" and ratio.reason:
+        return ratio.reason.split(" (")[0]
+    return VERDICT_WORDS.get(ratio.verdict, ratio.verdict)
 
 
 def _digits(unit: str) -> int:
@@ -64,7 +72,7 @@ def _comparison_cell(row, fig, ratio) -> Text:
         text.append(f"\n×{fmt_ratio(ratio.ratio)}")
         if ratio.ci:
             text.append(f" [{fmt_ratio(ratio.ci[0])}–{fmt_ratio(ratio.ci[1])}]", style="dim")
-        text.append(f"\n{VERDICT_WORDS.get(ratio.verdict, ratio.verdict)}",
+        text.append(f"\n{verdict_words(ratio)}",
                     style=_VERDICT_STYLE.get(ratio.verdict, ""))
     elif ratio.verdict == "missing" and row.figures[0].value is not None:
         text.append("\nno ratio", style="dim")

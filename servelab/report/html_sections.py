@@ -11,7 +11,8 @@ from servelab.report.tables import human_bytes
 from servelab.report.terminal import COUNTED_BY_WORDS, figure_label, fmt, sent_cell
 
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise", "no interval": "warn",
-                  "inconsistent": "warn", "contended": "warn", "different levels": "warn", "missing": "dim",
+                  "inconsistent": "warn", "contended": "warn", "too few trials": "warn", "different levels": "warn",
+                  "missing": "dim",
                   "definition differs": "warn", "baseline": "dim"}
 HEADLINE_KEYS = ["single.decode_tok_s", "single.output_tok_s", "single.ttft_ms", "single.itl_ms", "single.tpot_ms",
                  "single.e2e_ms", "peak.output_tok_s", "peak.concurrency", "peak.request_s"]
@@ -57,7 +58,9 @@ def comparison_section(c: Comparison) -> str:
                 text += f"<br>×{fmt_ratio(ratio.ratio)}"
                 if ratio.ci:
                     text += f" <span class=\"dim\">[{fmt_ratio(ratio.ci[0])}–{fmt_ratio(ratio.ci[1])}]</span>"
-                text += f" <span class=\"{_VERDICT_CLASS[ratio.verdict]}\">{e(ratio.verdict)}</span>"
+                words = ratio.reason.split(" (")[0] if ratio.verdict == "too few trials" and ratio.reason \
+                    else ratio.verdict
+                text += f" <span class=\"{_VERDICT_CLASS[ratio.verdict]}\">{e(words)}</span>"
                 if ratio.trial_ratios:
                     text += (" <span class=\"dim\">trials "
                              + e(", ".join(f"×{fmt_ratio(r)}" for r in ratio.trial_ratios))
