@@ -18,20 +18,59 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servelab.records import RequestRecord, ServerEvidence, SpecDecode
 
-Scrape = dict[str, float]  # sample name -> value summed over label sets (per-rank, per-model series add up)
-
 COUNTERS = ("generated_tokens", "prompt_tokens", "spec_drafted", "spec_accepted", "spec_drafts")
 GAUGES = ("running", "waiting", "kv_usage", "spec_accept_length", "spec_accept_rate")
+_TOTAL_SUFFIXES = ("_total", "_count", "_sum")
+
+
+@dataclass
+class Scrape:
+    """One read of /metrics, by what each sample is (the exposition's `# TYPE`).
+
+    Counters, and a histogram's or summary's `_sum`, `_count` and buckets, add up over label sets: eight ranks'
+    token counters are the server's total. Gauges do not: eight schedulers each at 0.4 KV usage are a server at
+    0.4, not 3.2; each label set stays a series of its own (one per rank, DP engine, ...)."""
+
+    totals: dict[str, float] = field(default_factory=dict)  # sample name -> summed over label sets
+    gauges: dict[str, list[float]] = field(default_factory=dict)  # sample name -> one value per label set
+    buckets: dict[str, dict[float, float]] = field(default_factory=dict)  # histogram -> le -> count, summed
+    types: dict[str, str] = field(default_factory=dict)  # family name -> counter, gauge, histogram, ...
+
+
+def _sample_kind(family_type: str, family: str, sample: str) -> str | None:
+    """"total", "gauge", "bucket", or None (not read: `_created` timestamps, a summary's quantiles)."""
+    if sample.endswith("_created"):
+        return None
+    if family_type == "counter":
+        return "total"
+    if family_type in ("histogram", "summary"):
+        if sample == family + "_bucket":
+            return "bucket"
+        if sample in (family + "_sum", family + "_count"):
+            return "total"
+        return None  # a summary's `{quantile=...}` samples: neither additive nor comparable across series
+    if family_type in ("unknown", "untyped"):  # no # TYPE line: judge by the name's convention
+        return "total" if sample.endswith(_TOTAL_SUFFIXES) else "gauge"
+    return "gauge"  # gauge, and what behaves like one (info, stateset, gaugehistogram)
 
 
 def parse_metrics(text: str) -> Scrape:
-    values: Scrape = defaultdict(float)
+    out = Scrape()
+    totals: dict[str, float] = defaultdict(float)
     for family in text_string_to_metric_families(text):
+        out.types.setdefault(family.name, family.type)
         for sample in family.samples:
-            if sample.name.endswith("_bucket") or sample.name.endswith("_created"):
-                continue
-            values[sample.name] += sample.value
-    return dict(values)
+            kind = _sample_kind(family.type, family.name, sample.name)
+            if kind == "total":
+                totals[sample.name] += sample.value
+            elif kind == "gauge":
+                out.gauges.setdefault(sample.name, []).append(sample.value)
+            elif kind == "bucket":
+                le = float(sample.labels.get("le", "+Inf"))
+                by_le = out.buckets.setdefault(family.name, {})
+                by_le[le] = by_le.get(le, 0.0) + sample.value
+    out.totals = dict(totals)
+    return out
 
 
 async def scrape(session: aiohttp.ClientSession, base_url: str, timeout_s: float = 3.0) -> Scrape | None:
@@ -50,11 +89,35 @@ async def scrape(session: aiohttp.ClientSession, base_url: str, timeout_s: float
 
 
 def _lookup(scrape: Scrape, name: str) -> float | None:
+    """A counter-like total: the counter itself, or the `_sum` of a histogram of counts (TGI's
+    `tgi_request_generated_tokens` is a histogram of tokens per request, so its `_sum` is the tokens generated)."""
     # prometheus_client reports counters as `<name>_total` whether or not the exposition had the suffix.
-    if name in scrape:
-        return scrape[name]
-    alt = name[:-6] if name.endswith("_total") else name + "_total"
-    return scrape.get(alt)
+    base = name[:-6] if name.endswith("_total") else name
+    for candidate in (name, base if base != name else name + "_total"):
+        if candidate in scrape.totals:
+            return scrape.totals[candidate]
+    if scrape.types.get(base) in ("histogram", "summary"):
+        return scrape.totals.get(base + "_sum")
+    return None
+
+
+def _series(scrape: Scrape, name: str) -> list[float] | None:
+    """A gauge's values, one per series; a name that is a total after all (an untyped metric named `_total`)
+    counts as one series."""
+    if name in scrape.gauges:
+        return scrape.gauges[name]
+    value = _lookup(scrape, name)
+    return None if value is None else [value]
+
+
+def gauge_words(gauge: dict[str, float], digits: int = 2) -> str:
+    """"mean 0.40, max 0.52 over 8 series" (docs/metrics.md#server-gauges). A run recorded before gauges were kept
+    per series has no `series`: its figures added every rank's value up, and the words say so."""
+    words = f"mean {gauge['mean']:.{digits}f}, max {gauge['max']:.{digits}f}"
+    if "series" not in gauge:
+        return words + " (an older run's figure: the sum over ranks, where there were several)"
+    series = int(gauge["series"])
+    return words + (f" over {series} series" if series > 1 else "")
 
 
 @dataclass
@@ -133,9 +196,9 @@ def evidence(watch: LevelWatch, records: Sequence[RequestRecord]) -> ServerEvide
         name = watch.names.get(meaning)
         if not name:
             continue
-        seen = [v for s in [*watch.during, watch.after] if (v := _lookup(s, name)) is not None]
-        if seen:
-            ev.gauges[meaning] = {"mean": sum(seen) / len(seen), "max": max(seen), "last": seen[-1]}
+        gauge = gauge_summary([_series(s, name) for s in [*watch.during, watch.after]])
+        if gauge is not None:
+            ev.gauges[meaning] = gauge
 
     from servelab.bench.metrics import as_tally
 
@@ -157,6 +220,18 @@ def evidence(watch: LevelWatch, records: Sequence[RequestRecord]) -> ServerEvide
     return ev
 
 
+def gauge_summary(scrapes: Sequence[list[float] | None]) -> dict[str, float] | None:
+    """A gauge over a level, per series (a rank's or a DP engine's value is never added to another's): `mean` over
+    every series in every scrape, `max` of any series in any scrape, `last` the mean over series in the last scrape
+    that had the gauge, `series` how many series that scrape had."""
+    seen = [values for values in scrapes if values]
+    if not seen:
+        return None
+    pooled = [v for values in seen for v in values]
+    return {"mean": sum(pooled) / len(pooled), "max": max(pooled), "last": sum(seen[-1]) / len(seen[-1]),
+            "series": float(len(seen[-1]))}
+
+
 def spec_decode(ev: ServerEvidence, names: dict[str, str]) -> SpecDecode | None:
     drafted, accepted, drafts = (ev.counters.get(k) for k in ("spec_drafted", "spec_accepted", "spec_drafts"))
     if drafted:
@@ -171,7 +246,10 @@ def spec_decode(ev: ServerEvidence, names: dict[str, str]) -> SpecDecode | None:
         return SpecDecode(mean_accepted_length=length["last"] if length else None,
                           acceptance_rate=rate["last"] if rate else None,
                           source=f"{names.get('spec_accept_length') or names.get('spec_accept_rate')} gauges "
-                                 "(/metrics), last value in the level")
+                                 "(/metrics), last value in the level" + _over_series(length or rate))
     return None
 
 
+def _over_series(gauge: dict[str, float]) -> str:
+    series = int(gauge.get("series", 1))
+    return f", mean over {series} series (one per scheduler)" if series > 1 else ""

@@ -75,6 +75,7 @@ def render_levels(console: Console, result: BenchResult) -> None:
     for warning in result.warnings:
         console.print(Text(f"  warning: {inert(warning)}", style="yellow"))
     render_spec_decode(console, result.levels)
+    render_server_gauges(console, result.levels)
     render_reasoning(console, result.levels)
     render_cache(console, result.levels)
     if any(s.environment is not None and s.environment.contended for s in result.levels):
@@ -119,6 +120,17 @@ def render_spec_decode(console: Console, levels: list[Summary]) -> None:
         words = spec_decode_words(s)
         if words:
             console.print(Text(f"  {s.tag} {words}", style="dim"))
+
+
+def render_server_gauges(console: Console, levels: list[Summary]) -> None:
+    """The server's KV-cache usage over each level, per series (one per rank or DP engine), never their sum
+    (docs/metrics.md#server-gauges)."""
+    from servelab.bench.server_metrics import gauge_words
+
+    for s in levels:
+        kv = s.server.gauges.get("kv_usage") if s.server is not None else None
+        if kv and "mean" in kv and "max" in kv:
+            console.print(Text(f"  {s.tag} server KV-cache usage {gauge_words(kv)}", style="dim"))
 
 
 BUSY_MARK = "⚠busy"
