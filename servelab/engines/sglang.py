@@ -40,9 +40,21 @@ SGLANG_PHASES = [
         r"Loading safetensors using Fastsafetensor loader):" + TQDM_COUNT), progress=True),
     PhasePattern("loading weights", re.compile(r"Load weight end\. elapsed=(?P<detail>[\d.]+ s)")),
     PhasePattern("allocating KV cache", re.compile(r"Using KV cache dtype|KV Cache is allocated|Memory pool end")),
-    PhasePattern("capturing CUDA graphs", re.compile(r"Capture (?:cuda|piecewise CUDA) graph begin")),
+    # Every graph capture's first line. 0.5.10 says `Capture cuda graph begin.` and `Capture piecewise CUDA graph
+    # begin.`; 0.5.23 names what it captures and for whom, in the case each worker uses
+    # (model_executor/model_runner_components/cuda_graph_setup.py `Capture {target|draft} {prefill|decode|verify}
+    # CUDA graph begin.`, `CPU graph`/`NPU graph`/`XPU graph` on those devices; speculative/eagle_worker_v2.py
+    # `Capture draft decode CUDA graph begin.`, `Capture draft extend CUDA graph begin.`;
+    # speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py `Capture single-CG draft extend begin.`;
+    # speculative/frozen_kv_mtp_worker_v2.py `Capture Frozen-KV MTP draft cuda graph begin.`;
+    # speculative/uno_worker_v2.py `Capture UNO tree draft CUDA graph begin.`).
+    PhasePattern("capturing CUDA graphs", re.compile(r"\bCapture (?:[\w-]+ ){1,6}begin\b", re.IGNORECASE)),
     PhasePattern("capturing CUDA graphs", re.compile(r"Capturing batches \((?P<detail>bs=\d+)[^)]*\):" + TQDM_COUNT),
                  progress=True),
+    # 0.5.23's prefill graphs (breakable, on by default on CUDA) have a bar of their own, rank 0 only
+    # (model_executor/runner/prefill_cuda_graph_runner.py).
+    PhasePattern("capturing CUDA graphs", re.compile(r"Capturing prefill shape \((?P<detail>num_tokens=\d+)[^)]*\):"
+                                                     + TQDM_COUNT), progress=True),
     PhasePattern("scheduler ready", re.compile(r"max_total_num_tokens=\d+")),
     # The HTTP server starts after the schedulers; its lifespan starts the warm-up request.
     PhasePattern("warm-up", re.compile(r"Started server process|Application startup complete|Uvicorn running on")),
