@@ -16,6 +16,9 @@ import pytest
 
 from servelab.models import resolve_model
 
+# Every test, and every servelab process a test starts, may reach only 127.0.0.0/8 and ::1 (tests/loopback_guard.py).
+pytest_plugins = ["loopback_guard"]
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
