@@ -342,7 +342,8 @@ def bench_cmd(
                 rundir.append_record(record)
 
         try:
-            result = bench(url, options, on_record=on_record, on_level=progress.begin)
+            result = bench(url, options, on_record=on_record, on_level=progress.begin,
+                           on_engine=progress.watch_engine)
         except BaseException:
             if rundir is not None:
                 rundir.discard_if_empty()  # a set-up error leaves no empty run directory behind

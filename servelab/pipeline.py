@@ -186,7 +186,8 @@ class CellSession:
 
         # The level running now, as `bench` shows it: live in a terminal, a line every 10 s into a pipe or a CI
         # log, so a sweep whose levels end together is never silent (report/progress.py).
-        progress = LevelProgress()
+        # The engine servelab launched is a child of this process: its CPU is shown as the engine's, not the client's.
+        progress = LevelProgress(engine_pids=opts.engine_pids)
         live = self.console.is_terminal
         with (self.console.status("benchmarking…") if live else contextlib.nullcontext()) as status, \
                 progress.printing(self.console, every_s=None if live else PIPE_PROGRESS_S, status=status):
@@ -196,6 +197,7 @@ class CellSession:
                 progress.add(record)
 
             result = bench(self.url, opts, on_record=on_record, on_level=progress.begin,
+                           on_engine=progress.watch_engine,
                            on_level_done=print_level if lines_as is not None else None)
         for level in result.levels:
             level.trial = opts.trial

@@ -106,6 +106,9 @@ class BenchState:
     # Told when a level is measured, with its summary, so a caller can show it before the bench ends (`run`'s
     # sweep); on the event loop's thread, like on_level.
     on_level_done: Callable[[Summary], None] | None = None
+    # Told the engine's processes once the environment sampler knows them (given, or found listening on the URL's
+    # port), so the live progress shows their CPU as the engine's, not the client's.
+    on_engine: Callable[[list[int]], None] | None = None
 
     def level_done(self, summary: Summary) -> None:
         self.levels.append(summary)
@@ -340,6 +343,8 @@ async def run_bench(state: BenchState) -> BenchResult:
             MetricsWatcher(state.url, adapter.metric_names if adapter else {}, headers=headers) as watcher, \
             open_client(state, client_opts) as client:
         state.watcher, state.client, state.environment = watcher, client, environment
+        if state.on_engine is not None:
+            state.on_engine(list(dict.fromkeys(environment.engine_roots)))
         if isinstance(client, WorkerPool):  # the workers' CPU on this host is the client's, not other load
             environment.add_client_pids(client.local_pids)
         try:
@@ -438,7 +443,8 @@ async def sweep(state: BenchState, client: StreamClient, target: Target) -> None
 
 def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], None] | None = None,
           on_level: Callable[[str, float | None, float | None, int | None], None] | None = None,
-          on_level_done: Callable[[Summary], None] | None = None) -> BenchResult:
+          on_level_done: Callable[[Summary], None] | None = None,
+          on_engine: Callable[[list[int]], None] | None = None) -> BenchResult:
     """Run a benchmark to the end, or until Ctrl-C; either way return what was measured."""
     base_url = normalize_base_url(url)
     check_credentials(base_url, options.api_key)
@@ -446,7 +452,7 @@ def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], 
     recorder = Recorder(on_record=on_record, secrets=(options.api_key,) if options.api_key else (), keep=False,
                         slos=tuple(options.plan.slos or ()))
     state = BenchState(url=base_url, options=options, recorder=recorder, on_level=on_level,
-                       on_level_done=on_level_done)
+                       on_level_done=on_level_done, on_engine=on_engine)
     try:
         return aio.run(run_bench(state))
     except KeyboardInterrupt:
