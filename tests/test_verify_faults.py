@@ -70,11 +70,24 @@ def test_a_port_nobody_listens_on_is_one_user_error_before_any_check():
     assert info.value.message == f"cannot reach http://127.0.0.1:{port}: connection refused"
 
 
-def test_a_host_that_does_not_resolve_is_a_user_error_within_10s():
+def test_a_host_that_does_not_resolve_is_a_user_error_within_10s(monkeypatch):
+    # The name fails here, as the resolver would answer it (EAI_NONAME), without asking one: no DNS query leaves
+    # the machine. verify runs in this process on asyncio's loop, which resolves through socket.getaddrinfo.
+    real = socket.getaddrinfo
+    asked = []
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host == "no-such-host.invalid":
+            asked.append(host)
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     started = time.monotonic()
     with pytest.raises(UserError, match=r"^cannot reach http://no-such-host\.invalid:8000: "):
         verify("http://no-such-host.invalid:8000")
     assert time.monotonic() - started < 10
+    assert asked, "verify resolved the name some other way than socket.getaddrinfo"
 
 
 @pytest.mark.parametrize("url", ["ftp://127.0.0.1:8000", "http://", "http://[::1"])
