@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import pytest
 from rich.console import Console
 
 from servelab.bench.environment import (CLIENT_CORES_LIMIT, OTHER_CORES_LIMIT, STEAL_PCT_LIMIT,
@@ -86,7 +87,8 @@ def test_a_busy_process_makes_the_level_contended_and_is_named():
                 assert quiet.other_cpu_cores_mean <= busy.other_cpu_cores_mean - 0.5
                 assert any(p.pid == hog and p.cores >= 0.5 for p in busy.top_others)
                 return
-    print("the machine stayed saturated by other work: the quiet/hog difference could not be checked")
+    pytest.skip("the machine stayed saturated by other work in all 3 tries: the hog's core never showed against "
+                "the quiet level, so the quiet/hog difference could not be checked (the checks above passed)")
 
 
 def test_the_engine_tree_is_the_engine_not_other_load():
@@ -202,7 +204,12 @@ def test_a_server_inside_this_process_is_the_clients_cpu():
     assert env.note and "client rule is not applied" in env.note and env.engine_cpu_cores_mean is None
 
 
-def test_is_local_host():
+def test_is_local_host(monkeypatch):
+    # A name is compared with this host's names; socket.getfqdn() is a reverse lookup (gethostbyaddr), which asks
+    # DNS where the hostname is not in /etc/hosts: here it is answered without one.
+    import socket
+
+    monkeypatch.setattr(socket, "getfqdn", lambda name="": socket.gethostname())
     assert is_local_host("127.0.0.1") and is_local_host("localhost") and is_local_host("[::1]")
     assert is_local_host("0.0.0.0")
     assert not is_local_host("192.0.2.1") and not is_local_host("example.invalid") and not is_local_host(None)

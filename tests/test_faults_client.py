@@ -370,8 +370,10 @@ def test_retry_after_is_parsed_in_both_forms() -> None:
 
 
 def test_a_429_with_retry_after_is_honoured() -> None:
-    # 9,818 requests in 5 s against `429, Retry-After: 5`. A worker now waits the 5 s, so a 3 s level sends one.
-    with start_calibration_server(Script(http_status=429, retry_after="5")) as limited:
+    # 9,818 requests in 5 s against `429, Retry-After: 5`. A worker now waits the Retry-After, so a 3 s level sends
+    # one per worker; the wait ends with the level. Retry-After is 30 s here, ten times the level, so a wait that
+    # ran past the level's end (the regression) would take over 30 s; the level itself takes about 3.5 s.
+    with start_calibration_server(Script(http_status=429, retry_after="30")) as limited:
         since = time.perf_counter_ns()
         t0 = time.monotonic()
         seen = []
@@ -380,9 +382,9 @@ def test_a_429_with_retry_after_is_honoured() -> None:
         sent = received(limited.url, since)
     (level,) = result.levels
     assert sent == len(seen) == 2, sent  # one per worker, then each waited past the level's end
-    assert all(r.http_status == 429 and r.retry_after_s == 5.0 for r in seen)
-    assert "Retry-After: 5 s" in level.top_errors[0].detail
-    assert took < 20  # the wait ends with the level, not 5 s after it
+    assert all(r.http_status == 429 and r.retry_after_s == 30.0 for r in seen)
+    assert "Retry-After: 30 s" in level.top_errors[0].detail
+    assert took < 15, took  # the wait ends with the level (~3.5 s), not 30 s after its first 429
 
 
 def test_a_level_stops_when_the_server_is_gone() -> None:

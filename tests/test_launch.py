@@ -32,6 +32,9 @@ from servelab.provenance import (
 from servelab.report.live import describe_progress, eta_s, live_launch, plain_line
 
 READY_TIMEOUT_S = 120  # the engine is ready in ~1 s on an idle 2-core host; shared CI hosts are not idle
+# What the launch should take: ~1 s idle, ~3 s with the 2 cores busy with other tests. 30 s is ten times that and a
+# quarter of the timeout: a launch that sees readiness late (at the timeout, or after a stall budget) fails it.
+READY_BOUND_S = 30
 
 
 def group_is_gone(pgid: int) -> bool:
@@ -105,7 +108,7 @@ def engine(tmp_path_factory):
 @pytest.mark.engine
 def test_real_engine_comes_up_with_a_timeline(engine):
     running = engine["engine"]
-    assert 0 < running.ready_s < READY_TIMEOUT_S
+    assert 0 < running.ready_s < READY_BOUND_S, running.ready_s
     names = [p.name for p in running.phases]
     assert "loading model" in names
     assert names[-1] == "ready"

@@ -74,7 +74,10 @@ def test_the_313_s_start_up_is_loading_with_rising_progress_then_ready(story):
     assert [p.name for p in running.phases] == ["starting", "arg dump", "distributed init", "loading weights",
                                                 "allocating KV cache", "capturing CUDA graphs", "scheduler ready",
                                                 "warm-up", "ready"]
-    assert 313 / 50 * 0.8 < running.ready_s < TIMEOUT_S
+    # The replay is scripted to be ready at 313 s / 50 = 6.3 s (6.5 s measured with the 2 cores busy). Up to 3x that
+    # (18.8 s) is headroom for a loaded host; later than that, readiness was seen late (the timeout is 120 s).
+    story_s = 313 / 50
+    assert story_s * 0.8 < running.ready_s < story_s * 3, running.ready_s
 
 
 def test_the_loading_evidence_looks_like_the_story(story):
