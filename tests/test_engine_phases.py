@@ -241,3 +241,20 @@ def test_prefill_shape_bar_is_capture_progress():
     assert tracker.feed("Capturing prefill shape (num_tokens=8192 avail_mem=13.20 GB):  25%|██▌       | 4/16 "
                         "[00:08<00:24,  2.00s/it]", 2.0)
     assert tracker.current.progress == pytest.approx(0.25) and tracker.current.detail == "num_tokens=8192"
+
+
+def test_sglang_0_5_23_distributed_init_and_flashinfer_autotune_are_phases_with_their_budgets():
+    # 0.5.23's wording (distributed/bootstrap.py, model_executor/runner/flashinfer_autotune.py): without these,
+    # NCCL init counted as "arg dump" (300 s) and a long autotune as "allocating KV cache" (300 s)
+    adapter = get_engine("sglang")
+    tracker = PhaseTracker(adapter)
+    tracker.feed("[2026-11-29 14:00:01] server_args=ServerArgs(model_path='m', tp_size=8)", 1.0)
+    assert tracker.feed("[2026-11-29 14:00:09 TP3] Init parallel begin.", 9.0)
+    assert tracker.current.name == "distributed init" and adapter.phase_budgets_s["distributed init"] == 600
+    tracker.feed("[2026-11-29 14:00:40 TP0] Load weight begin. avail mem=78.1 GB", 40.0)
+    tracker.feed("[2026-11-29 14:05:00 TP0] Memory pool end. avail mem=14.12 GB", 300.0)
+    assert tracker.feed("[2026-11-29 14:05:01 TP0] Running FlashInfer autotune with cache: /root/.cache/fi.json",
+                        301.0)
+    assert tracker.current.name == "autotuning kernels" and adapter.phase_budgets_s["autotuning kernels"] == 900
+    assert tracker.feed("[2026-11-29 14:09:00 TP0] Capture target decode CUDA graph begin. bs=[1, 2]", 540.0)
+    assert tracker.current.name == "capturing CUDA graphs"

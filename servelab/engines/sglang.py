@@ -33,7 +33,9 @@ INSTALL = "pip install sglang (needs a CUDA GPU and its torch; see docs.sglang.a
 
 SGLANG_PHASES = [
     PhasePattern("arg dump", re.compile(r"server_args=ServerArgs\(")),
-    PhasePattern("distributed init", re.compile(r"Init torch distributed begin\.")),
+    # 0.5.10 says `Init torch distributed begin.`; 0.5.23 `Init parallel begin.` (distributed/bootstrap.py, before
+    # init_distributed_environment and the NCCL groups).
+    PhasePattern("distributed init", re.compile(r"Init torch distributed begin\.|Init parallel begin\.")),
     PhasePattern("loading weights", re.compile(r"Load weight begin\.")),
     PhasePattern("loading weights", re.compile(
         r"(?:Multi-thread loading shards|Loading safetensors checkpoint shards|Loading pt checkpoint shards|"
@@ -48,6 +50,9 @@ SGLANG_PHASES = [
     # speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py `Capture single-CG draft extend begin.`;
     # speculative/frozen_kv_mtp_worker_v2.py `Capture Frozen-KV MTP draft cuda graph begin.`;
     # speculative/uno_worker_v2.py `Capture UNO tree draft CUDA graph begin.`).
+    # 0.5.23 tunes FlashInfer's kernels before any capture, for minutes on a big MoE
+    # (model_executor/runner/flashinfer_autotune.py `Running FlashInfer autotune with cache: …`).
+    PhasePattern("autotuning kernels", re.compile(r"Running FlashInfer autotune")),
     PhasePattern("capturing CUDA graphs", re.compile(r"\bCapture (?:[\w-]+ ){1,6}begin\b", re.IGNORECASE)),
     PhasePattern("capturing CUDA graphs", re.compile(r"Capturing batches \((?P<detail>bs=\d+)[^)]*\):" + TQDM_COUNT),
                  progress=True),
@@ -99,6 +104,7 @@ class SGLang(EngineAdapter):
     weight_phases = frozenset({"loading weights"})
     phase_budgets_s = {
         "distributed init": 600.0,  # NCCL init across 8 GPUs can take minutes on a busy node
+        "autotuning kernels": 900.0,  # FlashInfer's autotune runs every candidate kernel at every shape
         "capturing CUDA graphs": 900.0,  # "can take up to several minutes" at large cuda_graph_max_bs
         "warm-up": 1800.0,  # SGLANG_WARMUP_TIMEOUT is 600 s; its doc suggests 1800 s for DeepGEMM JIT
     }
