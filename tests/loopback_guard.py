@@ -109,10 +109,12 @@ def _ip(*args: str) -> subprocess.CompletedProcess:
 
 
 def _free_block() -> ipaddress.IPv4Network:
+    import socket
+
     import psutil
 
     taken = {ipaddress.ip_address(a.address) for addrs in psutil.net_if_addrs().values() for a in addrs
-             if a.family == 2}
+             if a.family == socket.AF_INET}
     blocks = list(NETNS_NETWORK.subnets(new_prefix=30))
     first = (os.getpid() * 31 + next(_counter)) % len(blocks)
     for block in blocks[first:] + blocks[:first]:
@@ -127,6 +129,20 @@ def _disable_ipv6(path_prefix: list[str], interface: str) -> None:
                    capture_output=True, timeout=20)
 
 
+def _remove_stale() -> None:
+    """Namespaces of test processes that died without removing theirs (deleting one deletes its veth pair)."""
+    listed = _ip("netns", "list")
+    for line in listed.stdout.splitlines():
+        parts = line.split()[0].split("-") if line.strip() else []
+        if len(parts) == 4 and parts[:2] == ["servelab", "test"] and parts[2].isdigit():
+            try:
+                os.kill(int(parts[2]), 0)
+            except ProcessLookupError:
+                _ip("netns", "del", line.split()[0])
+            except PermissionError:
+                pass
+
+
 @pytest.fixture
 def netns(request: pytest.FixtureRequest) -> Iterator[Netns]:
     """A network namespace joined to this one by a veth pair (needs Linux, root and iproute2's `ip`; skipped,
@@ -137,6 +153,7 @@ def netns(request: pytest.FixtureRequest) -> Iterator[Netns]:
         pytest.skip("a network namespace needs root (`ip netns add`); not root here")
     if shutil.which("ip") is None:
         pytest.skip("a network namespace needs iproute2's `ip`; it is not installed")
+    _remove_stale()
     n = next(_counter)
     tag = f"{os.getpid()}{n}"[-9:]
     name, host_if, ns_if = f"servelab-test-{os.getpid()}-{n}", f"slh{tag}", f"sln{tag}"
