@@ -212,8 +212,10 @@ def bench_cmd(
                                                         "given).")] = None,
     burstiness: Annotated[float, typer.Option(help="Gamma shape: 1 = Poisson, < 1 burstier, > 1 more "
                                                    "regular.")] = 1.0,
-    warmup: Annotated[int, typer.Option(help="Warm-up requests before the first level (excluded from every "
-                                             "figure).")] = 1,
+    warmup: Annotated[Optional[str], typer.Option(
+        help="Warm-up before the first level, excluded from every figure: N requests one at a time (0: none), or "
+             "auto (the default): as many at once as the highest concurrency the run uses (capped by the "
+             "server's slots where it says; open loop: --max-concurrency, else 4), then one alone.")] = None,
     dataset: Annotated[Optional[Path], typer.Option(help="Prompts from a file: ShareGPT JSON or JSONL "
                                                          "({\"prompt\"} or {\"messages\"} per line).")] = None,
     dataset_format: Annotated[Optional[str], typer.Option(help="sharegpt or jsonl (default: from the file "
@@ -425,6 +427,9 @@ def run_cmd(
     max_concurrency: Annotated[Optional[int], typer.Option(help="Highest concurrency the sweep tries.")] = None,
     trials: Annotated[Optional[int], typer.Option(help="Trials per cell, interleaved between cells (the default "
                                                        "experiment: 3); verdicts need them to agree.")] = None,
+    warmup: Annotated[Optional[str], typer.Option(
+        help="Warm-up before each bench of a trial: N requests one at a time (0: none), or auto (the default): "
+             "as many at once as the bench's highest concurrency (capped by the server's slots), then one.")] = None,
     junit: JunitOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -435,15 +440,18 @@ def run_cmd(
     from servelab.experiment.default import default_experiment
     from servelab.experiment.load import load_experiment
     from servelab.experiment.model import with_bench_overrides
+    from servelab.bench.options import parse_warmup
     from servelab.experiment.runner import ExperimentOptions, run_experiment
 
+    warmup_n = parse_warmup(warmup)
     if any(v is not None and v <= 0 for v in (duration, requests, max_tokens, max_concurrency, trials)):
         raise UserError("--requests, --max-tokens, --duration, --max-concurrency and --trials must be positive")
     if resume and new:
         raise UserError("--resume and --new contradict each other")
     spec = load_experiment(experiment) if experiment is not None else default_experiment()
     spec = with_bench_overrides(spec, {"level_duration_s": duration, "single_requests": requests,
-                                       "max_tokens": max_tokens, "max_concurrency": max_concurrency})
+                                       "max_tokens": max_tokens, "max_concurrency": max_concurrency,
+                                       "warmup": None if warmup is None else "auto" if warmup_n is None else warmup_n})
     if trials is not None:
         spec = spec.model_copy(update={"trials": trials})
     options = ExperimentOptions(out_root=out, store_path=store, resume="require" if resume else "never" if new

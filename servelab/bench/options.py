@@ -53,7 +53,7 @@ class BenchArgs:
     rate: str | None = None  # "4" or "1,2,4" (rate-sweep)
     arrival: str | None = None
     burstiness: float = 1.0
-    warmup: int = 1
+    warmup: int | str | None = None  # None or "auto": bench/warmup.py's rule; N: N requests one at a time
     dataset: Path | None = None
     dataset_format: str | None = None
     output_from_dataset: bool = False
@@ -99,13 +99,12 @@ def build_options(a: BenchArgs) -> BenchOptions:
               max_concurrency=a.max_concurrency, concurrency=a.concurrency, prefix_groups=a.prefix_groups,
               prefix_tokens=a.prefix_tokens, prefix_group_size=a.prefix_group_size, min_tokens=a.min_tokens,
               max_rate=a.max_rate, max_probes=a.max_probes, burstiness=a.burstiness)
-    if a.warmup < 0:
-        raise UserError("--warmup must be zero or more")
+    warmup = parse_warmup(a.warmup)
     _positive(min_requests=a.min_requests, max_level_duration=a.max_level_duration, timeout_connect=a.timeout_connect,
               timeout_first_byte=a.timeout_first_byte, timeout_idle=a.timeout_idle, timeout_total=a.timeout_total)
     _at_most(MAX_INT, max_tokens=a.max_tokens, max_concurrency=a.max_concurrency, concurrency=a.concurrency,
              prefix_groups=a.prefix_groups, prefix_tokens=a.prefix_tokens, prefix_group_size=a.prefix_group_size,
-             min_tokens=a.min_tokens, warmup=a.warmup, max_probes=a.max_probes, min_requests=a.min_requests)
+             min_tokens=a.min_tokens, warmup=warmup, max_probes=a.max_probes, min_requests=a.min_requests)
     _at_most(MAX_REQUESTS, requests=a.requests)
     _at_most(MAX_SEED, seed=a.seed)
     if a.seed < 0:
@@ -132,12 +131,30 @@ def build_options(a: BenchArgs) -> BenchOptions:
     level_duration_s = a.duration or DEFAULT_LEVEL_DURATION_S
     check_schedule(a.mode, plan, rule, level_duration_s)
     return BenchOptions(mode=a.mode, model=a.model, workload=build_workload(a),
-                        single_requests=a.requests or DEFAULT_SINGLE_REQUESTS, warmup=a.warmup,
+                        single_requests=a.requests or DEFAULT_SINGLE_REQUESTS, warmup=warmup,
                         level_duration_s=level_duration_s,
                         max_concurrency=a.max_concurrency or DEFAULT_SWEEP_MAX_CONCURRENCY, api_key=a.api_key,
                         plan=plan, tokenizer=a.tokenizer, steady=rule,
                         max_error_rate=a.max_error_rate, deadlines=build_deadlines(a),
                         workers=parse_workers(a.workers), ray=check_ray(a.ray, a.workers))
+
+
+def parse_warmup(value: int | str | None) -> int | None:
+    """--warmup: auto (or not given) is None, the rule of bench/warmup.py; N (zero or more) is N requests, one at a
+    time."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            raise UserError(f"bad --warmup '{value}'", hint="a number of requests (0: none), or auto") from None
+    if value < 0:
+        raise UserError("--warmup must be zero or more")
+    return value
 
 
 def check_ray(ray: str | None, workers: str | None) -> str | None:

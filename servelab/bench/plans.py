@@ -99,12 +99,15 @@ async def prepare_workload(state: BenchState, session: aiohttp.ClientSession) ->
 
 def planned_requests(state: BenchState) -> int | None:
     """How many requests the run will build, when the plan fixes it (None: it depends on time)."""
+    from servelab.bench.warmup import plan_warmup
+
     opts = state.options
+    warmup = plan_warmup(opts, state.server_slots).total
     if opts.mode == "single":
-        return opts.warmup + opts.single_requests
+        return warmup + opts.single_requests
     plan = opts.plan
     if opts.mode in ("concurrency", "rate") and plan.requests is not None:
-        return opts.warmup + plan.requests
+        return warmup + plan.requests
     return None
 
 

@@ -9,6 +9,7 @@ actually ran.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -35,8 +36,9 @@ from servelab.bench.steady import SteadyRule, is_measured
 from servelab.bench.selftest import SelftestResult, ceiling_warning, load_ceiling
 from servelab.bench.workload import Workload
 from servelab.bench.workers import WorkerPool, auto_workers, open_pool, streams_needed_most
+from servelab.bench.warmup import plan_warmup
 from servelab.bench.workloads import WorkloadSource
-from servelab.engines.detect import detect_engine
+from servelab.engines.detect import detect_engine_config
 from servelab.errors import UserError
 from servelab.net import check_credentials, ensure_reachable, normalize_base_url
 from servelab.records import BenchResult, EnvironmentSummary, Figure, RequestRecord, Summary
@@ -48,7 +50,9 @@ class BenchOptions:
     model: str | None = None
     workload: WorkloadSource = field(default_factory=Workload)
     single_requests: int = 8
-    warmup: int = 1
+    # Warm-up before the first level: None (auto) the plan's highest concurrency at once, capped by the server's
+    # slots, then one alone; a number: that many one at a time (bench/warmup.py; docs/metrics.md#warm-up).
+    warmup: int | None = None
     level_duration_s: float = 10.0
     max_concurrency: int = 64
     min_gain: float = 0.03  # a level must beat the best so far by this fraction to count as growth
@@ -101,14 +105,16 @@ class BenchState:
     environment: EnvironmentSampler | None = None  # what the machine did during each level (bench/environment.py)
     warnings: list[str] = field(default_factory=list)  # about the whole bench (BenchResult.warnings)
     # Told when a level begins: (tag, planned seconds, cap seconds, planned requests), for the live progress
-    # (report/progress.py); called on the event loop's thread, so it must not block.
-    on_level: Callable[[str, float | None, float | None, int | None], None] | None = None
+    # (report/progress.py); the warm-up too, with `warmup=` what it sends ("8 concurrent + 1"). Called on the
+    # event loop's thread, so it must not block.
+    on_level: Callable[..., None] | None = None
     # Told when a level is measured, with its summary, so a caller can show it before the bench ends (`run`'s
     # sweep); on the event loop's thread, like on_level.
     on_level_done: Callable[[Summary], None] | None = None
     # Told the engine's processes once the environment sampler knows them (given, or found listening on the URL's
     # port), so the live progress shows their CPU as the engine's, not the client's.
     on_engine: Callable[[list[int]], None] | None = None
+    server_slots: int | None = None  # what the server says it runs at once (llama.cpp /props total_slots)
 
     def level_done(self, summary: Summary) -> None:
         self.levels.append(summary)
@@ -232,10 +238,11 @@ async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
         snippet = " ".join(raw[:120].decode("utf-8", "replace").split())
         raise UserError(f"{url}/v1/models answered HTTP {status} without a model list ({snippet!r})",
                         hint="is this an OpenAI-compatible server? pass --model to name the model")
-    adapter = await detect_engine(session, url)
+    adapter, config = await detect_engine_config(session, url)
     if adapter is not None:
         state.engine = adapter.name
         state.accepts_ignore_eos = adapter.accepts_ignore_eos
+        state.server_slots = adapter.slots(config)
     option = state.options.tokenizer
     if option == "auto":
         state.tokenizer = (LlamaCppServerTokenizer(url, api_key=state.options.api_key)
@@ -378,10 +385,30 @@ def open_client(state: BenchState, client_opts: ClientOptions) -> StreamClient |
 
 
 async def warm_up(state: BenchState, client: StreamClient, target: Target, tag: str) -> None:
-    """Warm-up requests: recorded (marked warmup) but outside every level's figures and server-metric window."""
-    for _ in range(state.options.warmup):
+    """Warm-up requests (bench/warmup.py): recorded (marked warmup) but outside every level's figures and
+    server-metric window. Auto: the plan's highest concurrency at once (capped by the server's slots), then one."""
+    plan = plan_warmup(state.options, state.server_slots)
+    if not plan.total:
+        return
+    while plan.concurrent > 1:  # too few descriptors for all at once: a smaller warm-up, not a stopped run
+        try:
+            check_descriptors(plan.concurrent, "the warm-up")
+            break
+        except DescriptorShortage:
+            plan = dataclasses.replace(plan, concurrent=plan.concurrent // 2)
+    if plan.concurrent == 1:
+        plan = dataclasses.replace(plan, concurrent=0, sequential=plan.sequential + 1)
+    if state.on_level is not None:
+        state.on_level(tag, None, None, plan.total, warmup=plan.describe())
+
+    async def one() -> None:
         spec = make_spec(state.options.workload, target, state.recorder, tag, warmup=True)
         state.recorder.add(await client.send(spec))
+
+    if plan.concurrent:
+        await asyncio.gather(*(one() for _ in range(plan.concurrent)))
+    for _ in range(plan.sequential):
+        await one()
 
 
 def sweep_concurrencies(opts: BenchOptions) -> Iterator[int]:

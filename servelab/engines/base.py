@@ -157,6 +157,11 @@ class EngineAdapter:
     def fingerprint(self, body: Any) -> bool:
         return False
 
+    def slots(self, body: Any) -> int | None:
+        """How many requests the server runs at once, from its fingerprint path's answer; None: it does not say
+        (the auto warm-up is then not capped by it, bench/warmup.py)."""
+        return None
+
     def lint(self, spec: EngineSpec, command: list[str], runtime_config: dict[str, Any] | None = None
              ) -> list[LintFinding]:
         """Findings from the command line and, when the engine exposes it, its runtime config."""

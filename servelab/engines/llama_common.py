@@ -84,6 +84,10 @@ class LlamaCppFamily(EngineAdapter):
         # llama-server's /props: {"default_generation_settings": ..., "total_slots": N, "build_info": ...}
         return isinstance(body, dict) and "default_generation_settings" in body and "total_slots" in body
 
+    def slots(self, body: Any) -> int | None:
+        slots = body.get("total_slots") if isinstance(body, dict) else None  # = --parallel
+        return slots if isinstance(slots, int) and not isinstance(slots, bool) and slots > 0 else None
+
     def probe_state(self, status: int | None, body: str) -> str:
         if status == 503 and "Loading model" in body:
             return "loading"

@@ -59,7 +59,9 @@ class BenchSettings(Strict):
     """The bench steps of every cell: single-stream, then a concurrency sweep. Defaults are `servelab bench`'s."""
 
     single_requests: int = Field(8, ge=1)
-    warmup: int = Field(1, ge=0)
+    # Before each bench of a trial: auto (the bench's highest concurrency at once, capped by the server's slots,
+    # then one alone: bench/warmup.py), or N requests one at a time (0: none).
+    warmup: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     max_tokens: int = Field(128, ge=1)
     temperature: float = Field(0.0, ge=0)
     ignore_eos: bool = True
@@ -87,10 +89,11 @@ class BenchSettings(Strict):
 
         workload = Workload(endpoint=ENDPOINTS[self.endpoint], max_tokens=self.max_tokens,
                             temperature=self.temperature, ignore_eos=self.ignore_eos)
+        warmup = None if self.warmup == "auto" else self.warmup
         single = BenchOptions(mode="single", model=model, workload=workload, single_requests=self.single_requests,
-                              warmup=self.warmup, max_error_rate=self.max_error_rate)
+                              warmup=warmup, max_error_rate=self.max_error_rate)
         steady = SteadyRule(min_completed=self.min_requests, latency_multiple=self.latency_multiple)
-        sweep = BenchOptions(mode="sweep", model=model, workload=workload, warmup=self.warmup,
+        sweep = BenchOptions(mode="sweep", model=model, workload=workload, warmup=warmup,
                              level_duration_s=self.level_duration_s, max_concurrency=self.max_concurrency,
                              max_error_rate=self.max_error_rate, steady=steady,
                              workers=parse_workers(self.workers), ray=check_ray(self.ray, self.workers))
