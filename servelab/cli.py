@@ -471,6 +471,9 @@ def run_cmd(
         raise typer.Exit(interrupts.exit_code())
     if result.write_errors:
         raise typer.Exit(2)
+    if result.status == "contended":  # stopped early on a busy machine: what was measured is kept
+        err_console.print(f"error: {result.stop_reason}", markup=False, highlight=False)
+        raise typer.Exit(1)
     if result.any_failed:
         raise typer.Exit(1)
 

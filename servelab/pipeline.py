@@ -60,6 +60,9 @@ class CellPlan:
     verify: VerifyPlan = field(default_factory=VerifyPlan)
     ready_timeout_s: float = 600.0
     trials: int = 1  # how many trials the experiment plans for this cell (for the headings)
+    # End a trial early when a level has been contended this many seconds (experiment/contention.py reruns it once
+    # the machine is quiet); None: every trial runs to its end.
+    stop_when_contended_s: float | None = None
 
 
 class CellSession:
@@ -136,9 +139,11 @@ class CellSession:
             self.save()
 
     # ---- trials ----
-    def bench_trial(self, index: int, slot: int | None = None) -> Trial | None:
-        """Run trial `index` against the running server. Returns it (None when the cell failed during it)."""
-        trial = Trial(index=index, slot=slot, status="interrupted",
+    def bench_trial(self, index: int, slot: int | None = None, round: int | None = None) -> Trial | None:
+        """Run trial `index` against the running server (`round`: the round of the schedule it reruns, when it
+        stands in for a contended trial). Returns it (None when the cell failed during it); a trial ended early
+        on a busy machine comes back with status "contended" and why."""
+        trial = Trial(index=index, slot=slot, status="interrupted", round=round,
                       started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         self.summary.trials.append(trial)
         many = self.plan.trials > 1
@@ -147,13 +152,19 @@ class CellSession:
                 if base is None:
                     continue
                 opts = dataclasses.replace(base, model=base.model or self.served_model, trial=index,
-                                           engine_pids=[self.engine.pid] if self.engine else [])
+                                           engine_pids=[self.engine.pid] if self.engine else [],
+                                           stop_when_contended_s=self.plan.stop_when_contended_s)
                 if name == "sweep" and self._sweep_levels:
                     opts.sweep_levels = list(self._sweep_levels)  # every trial runs the first trial's levels
                 if not many:
                     self.console.rule(f"bench: {name}")
                 result = self._bench(opts, name if many else None)
                 setattr(trial, name, result)
+                if result.contended_stop:  # the machine was busy: kept as evidence, run again when it is quiet
+                    self._render(name, result, many)
+                    trial.status, trial.contention = "contended", list(result.contended_stop)
+                    self.save()
+                    return trial
                 if name == "sweep" and self._sweep_levels is None:
                     self._sweep_levels = [s.concurrency for s in result.levels if s.mode == "concurrency"]
                 if self.summary.provenance.engine is None:

@@ -366,6 +366,9 @@ class BenchResult(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     # The load-generating workers when the bench used --workers or --ray (empty: this process alone).
     workers: list[WorkerProvenance] = Field(default_factory=list)
+    # Why the bench was ended early on a busy machine (an experiment's trial, rerun once it is quiet); empty: it
+    # was not.
+    contended_stop: list[str] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------------------------

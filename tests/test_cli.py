@@ -82,6 +82,9 @@ def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> No
     slot) against well configured."""
     proc = servelab("run", "--out", str(tmp_path), "--duration", "4", "--requests", "2", "--max-tokens", "32",
                     "--max-concurrency", "4", "--json", timeout=500)
+    if proc.returncode == 1 and json.loads(proc.stdout or "{}").get("status") == "contended":
+        # another tenant kept the machine busy past every wait: the run stops early with the reason, exit 1
+        pytest.skip(f"the machine stayed busy: {json.loads(proc.stdout)['stop_reason']}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
     assert result["status"] == "complete" and result["schema_version"] == 1
@@ -108,9 +111,12 @@ def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> No
         assert prov["host"]["cpu_cores_logical"] >= 1 and prov["servelab_version"]
         # every request is on disk, and the single-stream level accounts for all of its tokens
         records = read_records(run_dir / "records.jsonl.gz")
-        assert [t["index"] for t in summary["trials"]] == [0, 1, 2]
-        assert {r.trial for r in records} == {0, 1, 2}
-        for trial in summary["trials"]:
+        # three rounds; a trial the machine interrupted runs its round again under an index of its own
+        trials = summary["trials"]
+        assert [t["index"] for t in trials][:3] == [0, 1, 2]
+        assert {t["index"] if t["round"] is None else t["round"] for t in trials} == {0, 1, 2}
+        assert {r.trial for r in records} == {t["index"] for t in trials}
+        for trial in (t for t in trials if t["status"] == "complete"):
             single = [r for r in records if r.tag == "single" and not r.warmup and r.trial == trial["index"]]
             assert len(single) == 2 and all(r.output_tokens == 32 for r in single)
             level = trial["single"]["levels"][0]
@@ -133,6 +139,9 @@ def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> No
         # another tenant kept the CI machine busy through every trial of a cell: the honest answer is no verdict,
         # and the comparison must say why (a quiet machine gives "better" in every run: benchmarks/results)
         assert any("every trial ran on a contended machine" in w for w in comparison["warnings"]), comparison
+    elif load["ratios"][1]["verdict"] == "too few trials":
+        # contended trials left fewer than two clean ones on a side: no direction, and how many there were
+        assert load["ratios"][1]["reason"].startswith("no verdict: "), load
     else:
         assert load["ratios"][1]["verdict"] == "better", load
         assert len(load["ratios"][1]["trial_ratios"]) >= 2 and all(r < 1 for r in load["ratios"][1]["trial_ratios"])

@@ -83,7 +83,7 @@ def calibration():
 
 def _experiment(url: str, *cells: str) -> str:
     return ("name: demo\nbench: {single_requests: 3, max_tokens: 6, level_duration_s: 0.3, max_concurrency: 2, "
-            "warmup: 0}\nverify: {enabled: false}\ncells:\n" + "".join(cells).replace("URL", url))
+            "warmup: 0}\nverify: {enabled: false}\ncontention: {reruns: 0}\ncells:\n" + "".join(cells).replace("URL", url))
 
 
 BROKEN = "  - {name: broken, engine: llamacpp, model: /no/such/model.gguf}\n"
@@ -185,7 +185,7 @@ def test_run_into_a_pipe_prints_the_level_it_is_measuring_while_it_runs(tmp_path
     printed = io.StringIO()
     with start_calibration_server(Script(output_tokens=40, ttft_ms=5, itl_ms=25)) as slow:  # ~1 s a request
         text = ("name: demo\nbench: {single_requests: 3, max_tokens: 40, sweep: false, warmup: 0}\n"
-                "verify: {enabled: false}\ncells:\n" + FIRST.replace("URL", slow.url))
+                "verify: {enabled: false}\ncontention: {reruns: 0}\ncells:\n" + FIRST.replace("URL", slow.url))
         result = run_experiment(parse_experiment(text, "exp.yaml"), ExperimentOptions(out_root=tmp_path),
                                 Console(file=printed, width=80))
     assert result.status == "complete"
@@ -216,7 +216,7 @@ def test_with_trials_each_level_is_printed_once_as_it_ends(tmp_path: Path, calib
 
     printed = Stamped()
     text = ("name: demo\ntrials: 2\nbench: {single_requests: 2, max_tokens: 6, level_duration_s: 0.3, "
-            "max_concurrency: 2, warmup: 0, min_requests: 3}\nverify: {enabled: false}\ncells:\n"
+            "max_concurrency: 2, warmup: 0, min_requests: 3}\nverify: {enabled: false}\ncontention: {reruns: 0}\ncells:\n"
             + FIRST.replace("URL", calibration.url))
     result = run_experiment(parse_experiment(text, "exp.yaml"), ExperimentOptions(out_root=tmp_path),
                             Console(file=printed, width=200))

@@ -104,7 +104,7 @@ def test_run_writes_one_suite_per_cell(tmp_path, schema):
     with start_calibration_server(Script(output_tokens=6, ttft_ms=5, itl_ms=3)) as cal:
         exp = tmp_path / "exp.yaml"
         exp.write_text("name: junit-demo\nbench: {single_requests: 2, max_tokens: 6, warmup: 0, sweep: false}\n"
-                       "verify: {only: [models, chat_stream]}\ncells:\n"
+                       "verify: {only: [models, chat_stream]}\ncontention: {reruns: 0}\ncells:\n"
                        f"  - {{name: first, url: {cal.url}}}\n  - {{name: second, url: {cal.url}}}\n")
         out = tmp_path / "verify.xml"
         proc = subprocess.run([sys.executable, "-m", "servelab.cli", "run", str(exp), "--out", str(tmp_path / "runs"),

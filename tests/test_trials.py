@@ -225,8 +225,9 @@ def calibration():
 
 def test_an_experiment_runs_its_trials_interleaved_and_every_trial_measures_the_same_levels(
         tmp_path: Path, calibration) -> None:
+    # contention: {reruns: 0}: a contended trial is only left out here (what reruns do: test_contention.py)
     text = ("name: trials\ntrials: 2\nbench: {single_requests: 3, max_tokens: 6, level_duration_s: 0.3, "
-            "max_concurrency: 2, warmup: 0}\nverify: {enabled: false}\ncells:\n"
+            "max_concurrency: 2, warmup: 0}\nverify: {enabled: false}\ncontention: {reruns: 0}\ncells:\n"
             f"  - {{name: a, url: {calibration.url}}}\n  - {{name: b, url: {calibration.url}}}\n")
     exp = parse_experiment(text, "exp.yaml")
     result = run_experiment(exp, ExperimentOptions(out_root=tmp_path), Console(file=open("/dev/null", "w")))

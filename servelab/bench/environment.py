@@ -82,11 +82,20 @@ def contention_reasons(*, other_cores: float | None, steal_pct: float | None, cl
                        f"else on this machine's CPUs)")
     processes = max(client_processes, 1)
     if client_cores is not None and client_cores / processes >= CLIENT_CORES_LIMIT and not client_includes_engine:
-        who = ("the client (this servelab process)" if processes == 1 else
-               f"the client ({processes} servelab processes, {client_cores / processes:.2f} cores each)")
+        who = (f"{CLIENT_REASON} (this servelab process)" if processes == 1 else
+               f"{CLIENT_REASON} ({processes} servelab processes, {client_cores / processes:.2f} cores each)")
         reasons.append(f"{who} used {client_cores:.2f} cores on average: the load "
                        f"generator, not the server, may have set the pace")
     return reasons
+
+
+CLIENT_REASON = "the client"  # how the client rule's reason begins
+
+
+def busy_machine(env: EnvironmentSummary) -> bool:
+    """Whether the level was contended by the machine (other processes, CPU steal), not only by its own client:
+    what waiting for a quiet machine can cure."""
+    return any(not r.startswith(CLIENT_REASON) for r in env.reasons)
 
 
 def contention_warning(env: EnvironmentSummary) -> str | None:
@@ -519,6 +528,16 @@ class EnvironmentSampler:
                                   other_includes_engine=self.other_includes_engine,
                                   client_includes_engine=self.client_includes_engine,
                                   client_processes=self.client_processes)
+
+    def level_so_far(self) -> EnvironmentSummary:
+        """The level in progress as it stands (nothing is reset), judged by the rules a retry can cure: other
+        processes and CPU steal. The client rule is left out: a saturated client stays saturated when the trial
+        runs again. No process scan (cheap enough to call every second), so no processes are named."""
+        with self._lock:
+            readings = list(self._level)
+        return summarize_readings(readings, interval_s=self.interval_s, engine_pids=self.engine_roots,
+                                  note=self.note, other_includes_engine=self.other_includes_engine,
+                                  client_includes_engine=True)
 
     def _top_others(self, seen: dict[int, _Seen], duration_s: float | None) -> list[TopProcess]:
         if not duration_s or not self._level_scan:

@@ -82,6 +82,13 @@ class BenchOptions:
     # ("auto" or a cluster's address) the workers are Ray actors placed across that cluster. None: this process.
     workers: int | str | None = None
     ray: str | None = None
+    # End the bench early when the level in progress has run this many seconds and other processes or CPU steal
+    # made it contended so far (experiments: the trial runs again once the machine is quiet,
+    # experiment/contention.py); None: measure to the end and mark the level contended.
+    stop_when_contended_s: float | None = None
+
+
+INTERRUPTED_LEVEL = "interrupted: this level did not run to the end"
 
 
 @dataclass
@@ -104,6 +111,7 @@ class BenchState:
     client: StreamClient | None = None  # the run's client, for the requests it recorded as cancelled
     environment: EnvironmentSampler | None = None  # what the machine did during each level (bench/environment.py)
     warnings: list[str] = field(default_factory=list)  # about the whole bench (BenchResult.warnings)
+    contended_stop: list[str] | None = None  # why the bench was ended early on a busy machine (stop_when_contended_s)
     # Told when a level begins: (tag, planned seconds, cap seconds, planned requests), for the live progress
     # (report/progress.py); the warm-up too, with `warmup=` what it sends ("8 concurrent + 1"). Called on the
     # event loop's thread, so it must not block.
@@ -145,7 +153,7 @@ class BenchState:
                     rate=(self.current_plan or {}).get("rate")))
             annotate_partial(self, levels[-1], partial)
             attach_environment(levels[-1], end_environment(self))
-            levels[-1].warnings.append("interrupted: this level did not run to the end")
+            levels[-1].warnings.append(INTERRUPTED_LEVEL)
         result = BenchResult(url=self.url, model=self.model, mode=self.options.mode,
                              workload=self.options.workload.describe(self.accepts_ignore_eos,
                                                                      self.accepts_min_tokens) |
@@ -355,20 +363,75 @@ async def run_bench(state: BenchState) -> BenchResult:
         if isinstance(client, WorkerPool):  # the workers' CPU on this host is the client's, not other load
             environment.add_client_pids(client.local_pids)
         try:
-            if opts.mode == "single":
-                await warm_up(state, client, target, tag="single")
-                await begin_level(state, "single", 1)
-                records, window = await run_single(client, opts.workload, target, state.recorder,
-                                                   requests=opts.single_requests, warmup=0)
-                state.level_done(await finish_level(state, records, tag="single", mode="single",
-                                                    concurrency=1, window=window))
-            elif opts.mode == "sweep":
-                await sweep(state, client, target)
-            else:
-                await run_plan(state, client, target)
+            await until_contended(state, run_levels(state, client, target))
         except BenchStopped as exc:
             state.stop_reason = f"stopped: {exc}"
+        except ContendedStop:
+            state.collect_cancelled()  # every request in flight, as "cancelled"
+            result = state.result(interrupted=True)
+            result.interrupted = False  # nobody pressed Ctrl-C: the machine was busy
+            result.contended_stop = list(state.contended_stop or [])
+            result.stop_reason = "stopped: the machine was busy (" + "; ".join(result.contended_stop) + ")"
+            if result.levels and result.levels[-1].warnings[-1:] == [INTERRUPTED_LEVEL]:
+                result.levels[-1].warnings[-1] = "stopped early: the machine was busy (" + \
+                    "; ".join(result.contended_stop) + "): this level did not run to the end"
+            return result
     return state.result()
+
+
+async def run_levels(state: BenchState, client: StreamClient, target: Target) -> None:
+    opts = state.options
+    if opts.mode == "single":
+        await warm_up(state, client, target, tag="single")
+        await begin_level(state, "single", 1)
+        records, window = await run_single(client, opts.workload, target, state.recorder,
+                                           requests=opts.single_requests, warmup=0)
+        state.level_done(await finish_level(state, records, tag="single", mode="single",
+                                            concurrency=1, window=window))
+    elif opts.mode == "sweep":
+        await sweep(state, client, target)
+    else:
+        await run_plan(state, client, target)
+
+
+class ContendedStop(Exception):
+    """The bench was ended early because the machine was busy (BenchOptions.stop_when_contended_s)."""
+
+
+CONTENTION_CHECK_S = 1.0  # how often the level in progress is looked at
+
+
+async def until_contended(state: BenchState, levels) -> None:
+    """Run `levels`; with stop_when_contended_s, cancel it (as Ctrl-C would: every request in flight recorded as
+    cancelled, the level in progress summarised) once the level in progress has run that long and other
+    processes or CPU steal made it contended so far, and raise ContendedStop. Warm-up is not judged: it is not
+    measured."""
+    after = state.options.stop_when_contended_s
+    if after is None or state.environment is None:
+        await levels
+        return
+    main = asyncio.ensure_future(levels)
+    while True:
+        try:
+            done, _ = await asyncio.wait({main}, timeout=CONTENTION_CHECK_S)
+        except asyncio.CancelledError:  # Ctrl-C: the levels record what they had in flight, then it goes on
+            main.cancel()
+            await asyncio.gather(main, return_exceptions=True)
+            raise
+        if done:
+            main.result()  # its exception, if it raised one
+            return
+        if state.current is None:
+            continue
+        try:
+            env = state.environment.level_so_far()
+        except Exception:  # the environment is evidence; never a reason to lose the bench
+            continue
+        if env.contended and (env.duration_s or 0.0) >= after:
+            state.contended_stop = list(env.reasons)
+            main.cancel()
+            await asyncio.gather(main, return_exceptions=True)
+            raise ContendedStop()
 
 
 def open_client(state: BenchState, client_opts: ClientOptions) -> StreamClient | WorkerPool:

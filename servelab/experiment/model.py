@@ -19,6 +19,7 @@ from servelab.bench.runner import BenchOptions
 from servelab.bench.steady import SteadyRule
 from servelab.bench.workload import Workload
 from servelab.engines import REGISTRY, EngineSpec
+from servelab.experiment.contention import ContentionPolicy
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
@@ -171,6 +172,9 @@ class Experiment(Strict):
     # (experiment/schedule.py); verdicts need the trials to agree (docs/metrics.md#trials).
     trials: int = Field(1, ge=1, le=100)
     order: Literal["interleaved", "shuffled", "blocked"] = "interleaved"
+    # A busy machine: contended trials stopped early and run again once it is quiet, or the experiment stopped
+    # with the reason (experiment/contention.py).
+    contention: ContentionPolicy = Field(default_factory=ContentionPolicy)
     seed: int = 0  # the shuffled order's seed
     # all-up: every cell's server is started once and kept up while the trials alternate (no reload between
     # trials; needs room for all of them at once). one-at-a-time: a cell's server runs only during its own

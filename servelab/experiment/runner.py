@@ -40,6 +40,7 @@ from servelab import SCHEMA_VERSION
 from servelab.compare.compare import Comparison, compare_runs
 from servelab.compare.sources import RunData, from_summary, literal_run
 from servelab.errors import UserError
+from servelab.experiment.contention import ContentionGuard, MachineBusy, needs_rerun
 from servelab.experiment.model import Cell, Experiment
 from servelab.experiment.schedule import trial_schedule
 from servelab.pipeline import CellPlan, CellSession, VerifyPlan
@@ -70,7 +71,10 @@ class ExperimentResult(BaseModel):
     experiment_id: str
     name: str
     source: str
-    status: Literal["complete", "interrupted"]
+    # contended: stopped early because the machine stayed busy (experiment/contention.py); it resumes like an
+    # interrupted one.
+    status: Literal["complete", "interrupted", "contended"]
+    stop_reason: str | None = None  # why it stopped early (status contended)
     out_dir: str
     cells: list[CellOutcome] = Field(default_factory=list)
     comparison: Comparison | None = None
@@ -214,6 +218,10 @@ def _run(experiment: Experiment, options: ExperimentOptions, store: StoreWrites,
     except KeyboardInterrupt:
         interrupted = True
         console.print("[yellow]interrupted: the engines were stopped and partial results were written[/yellow]")
+    except MachineBusy as exc:
+        interrupted = True
+        result.status, result.stop_reason = "contended", exc.message
+        console.print(f"[bold yellow]stopped early:[/bold yellow] {inert_markup(exc.message)}", highlight=False)
     finally:
         for name, entry in sessions.items():
             entry[2].finish()
@@ -230,7 +238,8 @@ def _run(experiment: Experiment, options: ExperimentOptions, store: StoreWrites,
     _write_state(out_dir, result, sessions, store)
     if interrupted or any(c.status == "interrupted" for c in result.cells):
         store.write("finish the experiment", finish_experiment, exp_id, "interrupted")
-        console.print(f"[yellow]experiment interrupted: run it again to resume ({exp_id})[/yellow]")
+        what = "stopped on a busy machine" if result.status == "contended" else "interrupted"
+        console.print(f"[yellow]experiment {what}: run it again to resume ({exp_id})[/yellow]")
         result.runs = _summaries(store, result, options.out_root)
         _write_state(out_dir, result, sessions, store)
         return result
@@ -255,6 +264,8 @@ def _run_schedule(experiment: Experiment, sessions: dict[str, tuple[int, str, Ce
             session.start()
             saved(name)
     schedule = trial_schedule(names, experiment.trials, experiment.order, experiment.seed)
+    guard = ContentionGuard(experiment.contention, planned=len(experiment.cells) * experiment.trials)
+    extra = {name: 0 for name in names}  # reruns of contended trials so far, per cell (their indices follow)
     up: CellSession | None = None
     for slot, (name, trial) in enumerate(schedule):
         seq, _, session = sessions[name]
@@ -271,8 +282,19 @@ def _run_schedule(experiment: Experiment, sessions: dict[str, tuple[int, str, Ce
         if not session.start():
             saved(name)
             continue
-        session.bench_trial(trial, slot)
+        done = session.bench_trial(trial, slot)
         saved(name)
+        while done is not None and needs_rerun(done):
+            words = f"trial {trial + 1}/{experiment.trials} of {name}" if many else f"the trial of {name}"
+            engine = session.engine
+            if not guard.after_contended(name, trial, [engine.pid] if engine else [],
+                                         None if engine else session.url, words,
+                                         lambda line: console.print(inert_markup(line), highlight=False)):
+                break
+            extra[name] += 1
+            console.rule(heading + f" (run again, {extra[name]})")
+            done = session.bench_trial(experiment.trials + extra[name] - 1, slot, round=trial)
+            saved(name)
     if up is not None:
         up.stop()
 
@@ -338,6 +360,7 @@ def _plan(experiment: Experiment, cell: Cell, run_id: str, run_dir: Path) -> Cel
     single, sweep = bench.options(model=cell.model if cell.url else None)
     return CellPlan(run_id=run_id, run_dir=run_dir, single=single, sweep=sweep, spec=cell.spec(), url=cell.url,
                     model=cell.model if cell.url else None, ready_timeout_s=experiment.ready_timeout_s,
+                    stop_when_contended_s=experiment.contention.stop_after_s,
                     verify=VerifyPlan(enabled=verify.enabled, only=verify.only, skip=list(verify.skip),
                                       check_timeout_s=verify.check_timeout_s), trials=experiment.trials)
 
