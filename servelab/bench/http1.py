@@ -15,6 +15,10 @@ silently.
 A compressed body is inflated in steps of at most INFLATE_STEP bytes, each handed to the handler before the next,
 and may expand to at most MAX_INFLATED_BYTES in all (or MAX_INFLATE_RATIO times its compressed size, once past
 INFLATE_RATIO_FROM bytes): a decompression bomb is a `parse` failure of its request, not gigabytes of memory.
+The response head (status line, interim 1xx answers and headers) is bounded too: at most MAX_HEAD_BYTES in all,
+MAX_HEADER_LINE_BYTES per header and MAX_HEADERS headers. Past any of them the request is a `parse` failure naming
+the bound, and the rest is not read (a 256 MB header line held 1 GB of memory in a level of 8; two million
+headers 1.5 GB). Real servers send well under 8 KiB of head.
 A socket the client cannot open because it ran out of file descriptors (EMFILE, ENFILE) is a `fd_limit` failure
 (FileLimit), the client's fault, not the server's.
 """
@@ -45,6 +49,9 @@ INFLATE_STEP = 1 << 20  # a compressed body is inflated this much at a time
 MAX_INFLATED_BYTES = 256 << 20  # a compressed body may expand to this much in all ...
 INFLATE_RATIO_FROM = 16 << 20  # ... and, past this much, to at most MAX_INFLATE_RATIO x its compressed size
 MAX_INFLATE_RATIO = 200  # JSON event streams compress 10-50x; a bomb of zeros ~1000x
+MAX_HEAD_BYTES = 64 << 10  # the response's head in all (interim 1xx answers included) ...
+MAX_HEADER_LINE_BYTES = 16 << 10  # ... one header (name and value) ...
+MAX_HEADERS = 128  # ... and how many headers one answer may have
 
 
 class HTTPError(Exception):
@@ -168,6 +175,8 @@ class Exchange(asyncio.Protocol):
         self._compressed = 0  # bytes of compressed body received
         self._inflated = 0  # bytes they inflated to
         self._now_ns = 0
+        self._head_bytes = 0  # bytes received before the final answer's headers were complete
+        self._header_count = 0
         self._error: BaseException | None = None  # raised inside a parser callback, re-raised after feed_data
 
     # ---- asyncio.Protocol ----
@@ -189,6 +198,14 @@ class Exchange(asyncio.Protocol):
             self._finish(self._error or MalformedResponse(f"malformed HTTP response: {exc}"))
         if self._error is not None:
             self._finish(self._error)
+        elif not self._head_done and not self.finished.done():
+            # httptools keeps a header it has not seen the end of in memory, growing: bound it from outside,
+            # counting every byte read before the head is complete (at most one read past the bound is held).
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._finish(MalformedResponse(
+                    f"the response headers grew past {MAX_HEAD_BYTES >> 10} KiB ({self._head_bytes:,} bytes "
+                    f"without their end, {self._header_count:,} headers); the rest was not read"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.finished.done():
@@ -209,12 +226,27 @@ class Exchange(asyncio.Protocol):
 
     # ---- httptools callbacks ----
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._error is not None:
+            return
+        if len(name) + len(value) > MAX_HEADER_LINE_BYTES:
+            self._fail(MalformedResponse(
+                f"a response header is longer than {MAX_HEADER_LINE_BYTES >> 10} KiB "
+                f"({len(name) + len(value):,} bytes: {name[:40].decode('latin-1')!r}); the rest was not read"))
+            return
+        if self._header_count > MAX_HEADERS:
+            self._fail(MalformedResponse(f"the response has more than {MAX_HEADERS} headers; the rest was not "
+                                         "read"))
+            return
         self._headers[name.decode("latin-1").title()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
+        if self._error is not None:
+            return
         if 100 <= status < 200:  # an interim response (e.g. 103): the real one follows
             self._headers = {}
+            self._header_count = 0
             return
         self._head_done = True
         headers = self._headers
