@@ -1,7 +1,9 @@
 """HTTP for the verify checks: base-URL handling, the reachability probe, JSON and SSE requests.
 
-Every way a server can let a check down (refused or dropped connection, non-2xx status, HTML where JSON belongs,
-invalid JSON) surfaces here as `BadResponse`, whose message is already the one-line reason a failed check shows.
+Every way a server can let a check down (refused or dropped connection, non-2xx status, a redirect, HTML where JSON
+belongs, invalid JSON, a response past verify's bounds) surfaces here as `BadResponse`, whose message is already the
+one-line reason a failed check shows. The requests go through bench's HTTP/1.1 exchange with verify's bounds
+(transport.py); the aiohttp session only carries the API key header (and serves engine detection).
 Timeouts are *not* handled here: the runner owns each check's deadline and cancels the whole check.
 """
 
@@ -17,17 +19,9 @@ import aiohttp
 
 from servelab.net import CONNECT_TIMEOUT_S, ensure_reachable, normalize_base_url  # noqa: F401 (re-exported)
 from servelab.bench.sse import SSEDecodeError, SSEEvent, SSEParser
+from servelab.verify.transport import MAX_EVENTS, BadResponse, Flight, Overflow, exchange  # noqa: F401
 
 EXCERPT_CHARS = 500
-
-
-class BadResponse(Exception):
-    """The server answered in a way an OpenAI-compatible server must not, or the transport failed. str() is the
-    reason to report; `excerpt` is what the server sent, when it sent anything."""
-
-    def __init__(self, reason: str, excerpt: str | None = None):
-        super().__init__(reason)
-        self.excerpt = excerpt
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -98,8 +92,8 @@ class JsonReply:
     body: Any  # the parsed JSON document
 
 
-def _content_type(response: aiohttp.ClientResponse) -> str:
-    return response.headers.get("Content-Type", "").split(";")[0].strip().lower() or "(no content type)"
+def _content_type(headers: dict[str, str]) -> str:
+    return headers.get("Content-Type", "").split(";")[0].strip().lower() or "(no content type)"
 
 
 def _check_status(method: str, path: str, status: int, text: str) -> None:
@@ -133,16 +127,34 @@ class RawReply:
             return None
 
 
-async def request_raw(session: aiohttp.ClientSession, method: str, base_url: str, path: str,
+def _auth(session: aiohttp.ClientSession | None) -> dict[str, str]:
+    value = session.headers.get("Authorization") if session is not None else None
+    return {"Authorization": value} if value else {}
+
+
+async def request_raw(session: aiohttp.ClientSession | None, method: str, base_url: str, path: str,
                       body: dict[str, Any] | None = None) -> RawReply:
-    """Send one request and return whatever status came back. Transport failures still raise BadResponse."""
-    try:
-        async with session.request(method, base_url + path, json=body) as response:
-            raw = await response.read()
-            return RawReply(status=response.status, content_type=_content_type(response),
-                            text=raw.decode("utf-8", errors="replace"))
-    except aiohttp.ClientError as exc:
-        raise BadResponse(describe_transport_error(exc)) from None
+    """Send one request and return whatever status came back. Transport failures, redirects and responses past
+    verify's bounds still raise BadResponse."""
+    payload = json.dumps(body).encode() if body is not None else None
+    got = await exchange(method, base_url, path, payload, _auth(session))
+    if got.disconnect is not None:
+        raise BadResponse("the connection closed before the response was complete", excerpt(_text(got.body)))
+    assert got.status is not None
+    return RawReply(status=got.status, content_type=_content_type(got.headers), text=_text(got.body))
+
+
+def _text(raw: bytes | bytearray) -> str:
+    return bytes(raw).decode("utf-8", errors="replace")
+
+
+def excerpt_ends_bytes(raw: bytes | bytearray) -> str | None:
+    """An excerpt of the start and the end of `raw`, decoding only those (it may be megabytes)."""
+    if not raw:
+        return None
+    if len(raw) <= 4 * EXCERPT_CHARS:
+        return excerpt_ends(_text(raw))
+    return excerpt_ends(_text(raw[:2 * EXCERPT_CHARS]) + _text(raw[-2 * EXCERPT_CHARS:]))
 
 
 async def request_json(session: aiohttp.ClientSession, method: str, base_url: str, path: str,
@@ -175,34 +187,42 @@ class StreamReply:
     event_times: list[float] = field(default_factory=list)  # when each of `events` was complete
 
 
-async def post_stream(session: aiohttp.ClientSession, base_url: str, path: str, body: dict[str, Any],
+async def post_stream(session: aiohttp.ClientSession | None, base_url: str, path: str, body: dict[str, Any],
                       on_progress: Callable[[bytes], None] | None = None) -> StreamReply:
     """POST `body` and read the SSE response to its end. `on_progress(raw_so_far)` runs after every read, so that
-    if the runner's deadline cancels the check the evidence of what had arrived is not lost."""
+    if the runner's deadline cancels the check the evidence of what had arrived is not lost. A stream past verify's
+    bounds (bytes, events, one event's size) raises Overflow naming the bound and what had arrived."""
     parser = SSEParser()
-    sent_at = time.perf_counter()
+    reply = StreamReply(status=0, content_type="", sent_at=time.perf_counter())
+    raw = bytearray()
+    flight = Flight(sent_at=reply.sent_at)
+
+    def sink(chunk: bytes) -> None:
+        if reply.first_bytes_at is None:
+            reply.first_bytes_at = time.perf_counter()
+        raw.extend(chunk)
+        before = len(reply.events)
+        _feed(reply, parser, chunk)
+        if len(reply.events) > before:
+            flight.progress_at = time.perf_counter()
+        if len(reply.events) > MAX_EVENTS:
+            raise Overflow(f"the stream sent more than {MAX_EVENTS:,} events (in {len(raw):,} bytes): "
+                           "the rest was not read")
+        reply.event_times.extend([time.perf_counter()] * (len(reply.events) - len(reply.event_times)))
+        if on_progress is not None:
+            on_progress(raw)
+
     try:
-        async with session.post(base_url + path, json=body) as response:
-            reply = StreamReply(status=response.status, content_type=_content_type(response), sent_at=sent_at)
-            if not 200 <= response.status < 300:
-                text = (await response.read()).decode("utf-8", errors="replace")
-                _check_status("POST", path, response.status, text)
-            try:
-                async for chunk in response.content.iter_any():
-                    if reply.first_bytes_at is None:
-                        reply.first_bytes_at = time.perf_counter()
-                    reply.raw += chunk
-                    _feed(reply, parser, chunk)
-                    reply.event_times.extend([time.perf_counter()] * (len(reply.events) - len(reply.event_times)))
-                    if on_progress is not None:
-                        on_progress(reply.raw)
-            except aiohttp.ClientPayloadError:
-                # aiohttp's message ("Response payload is not completed: <TransferEncodingError ...>") says no more.
-                reply.disconnect = "the body was cut off mid-transfer"
-            except aiohttp.ServerDisconnectedError:
-                reply.disconnect = "the server disconnected"
-    except aiohttp.ClientError as exc:
-        raise BadResponse(describe_transport_error(exc)) from None
+        got = await exchange("POST", base_url, path, json.dumps(body).encode(), _auth(session), sink, flight=flight)
+    except Overflow as exc:
+        seen = f" ({len(reply.events):,} events complete)" if raw else ""
+        raise Overflow(f"{exc}{seen}", exc.excerpt or excerpt_ends_bytes(raw)) from None
+    assert got.status is not None
+    reply.status, reply.content_type = got.status, _content_type(got.headers)
+    if not 200 <= got.status < 300:
+        _check_status("POST", path, got.status, _text(got.body))
+    reply.raw = bytes(raw)
+    reply.disconnect = got.disconnect
     reply.ended_at = time.perf_counter()
     try:
         reply.events.extend(parser.close())

@@ -17,6 +17,9 @@ from servelab.verify.checks import (CHECKS, Check, CheckContext, CheckFailed, Ev
 from servelab.verify.checks.registry import DEFAULT_CONCURRENCY
 from servelab.net import check_credentials
 from servelab.verify.http import BadResponse, ensure_reachable, new_session, normalize_base_url
+from servelab.verify.transport import FLIGHTS, Flight, Overflow
+
+STALLS_TO_STOP = 2  # checks in a row that reach their deadline with the server silent: the rest are skipped
 
 
 def select_checks(only: list[str] | None, skip: list[str] | None) -> dict[str, str | None]:
@@ -36,19 +39,40 @@ def select_checks(only: list[str] | None, skip: list[str] | None) -> dict[str, s
     return why_not
 
 
+def stall_kind(flights: set[Flight], timeout_s: float) -> str | None:
+    """At a deadline: "first-byte" when no request in flight had a byte of its answer, "idle" when every one had
+    made no progress (head, body, a complete event) for the last half of the deadline, else None."""
+    if not flights:
+        return None
+    if all(f.first_byte_at is None for f in flights):
+        return "first-byte"
+    now = time.perf_counter()
+    if all(now - (f.progress_at or f.first_byte_at or f.sent_at) >= timeout_s / 2 for f in flights):
+        return "idle"
+    return None
+
+
 async def run_one(check: Check, ctx: CheckContext, timeout_s: float) -> CheckResult:
     evidence = Evidence()
     started = time.perf_counter()
+    flights: set[Flight] = set()
+    token = FLIGHTS.set(flights)
+    ctx.stall = None
     try:
         async with asyncio.timeout(timeout_s):
             verdict = await check.run(ctx, evidence)
     except TimeoutError:
+        ctx.stall = stall_kind(flights, timeout_s)
         verdict = Verdict("fail", f"timed out after {timeout_s:g}s")
     except BadResponse as exc:
         verdict = Verdict("fail", str(exc))
         evidence.response_excerpt = evidence.response_excerpt or exc.excerpt
+        if isinstance(exc, Overflow) and ctx.hostile is None:
+            ctx.hostile = str(exc)
     except CheckFailed as exc:
         verdict = Verdict("fail", str(exc))
+    finally:
+        FLIGHTS.reset(token)
     # A server may echo the key it was sent (a 401 body): it never reaches the record or the terminal.
     secrets = (ctx.api_key,) if ctx.api_key else ()
     return CheckResult(id=check.id, title=check.title, outcome=verdict.outcome,
@@ -81,21 +105,42 @@ async def run_checks(url: str, model: str | None = None, only: list[str] | None 
                            concurrency=concurrency, check_timeout_s=check_timeout_s)
         if ctx.model is None and why_not["models"] is not None:
             # The models check would have picked the model; do the same quietly, within the same deadline.
+            flights: set[Flight] = set()
+            token = FLIGHTS.set(flights)
             try:
                 async with asyncio.timeout(check_timeout_s):
                     ctx.model = await discover_model(ctx)
             except TimeoutError:
-                pass  # the checks that need a model are then skipped, saying so
+                # the checks that need a model are then skipped, saying so
+                ctx.stall = stall_kind(flights, check_timeout_s)
+            finally:
+                FLIGHTS.reset(token)
+        stalls = [ctx.stall] if ctx.stall else []  # the deadlines reached in a row with the server silent
+        stopped: str | None = None
         for check in CHECKS:
             reason = why_not[check.id]
+            if reason is None and stopped is not None:
+                reason = stopped
             if reason is None and check.needs_model and ctx.model is None:
                 reason = "no model to ask for: none was given and none could be listed"
             if reason is not None:
                 result = CheckResult(id=check.id, title=check.title, outcome="skip", reason=reason)
             else:
                 result = await run_one(check, ctx, check_timeout_s)
+                stalls = stalls + [ctx.stall] if ctx.stall else []
+                if len(stalls) >= STALLS_TO_STOP:
+                    stopped = stopped_reason(stalls, check_timeout_s)
             ctx.results[check.id] = result
     return VerifyResult(url=base_url, model=ctx.model, checks=list(ctx.results.values()))
+
+
+def stopped_reason(stalls: list[str | None], timeout_s: float) -> str:
+    if all(kind == "first-byte" for kind in stalls):
+        what = f"reached the first-byte deadline of {timeout_s:g} s"
+    else:
+        what = f"reached the deadline of {timeout_s:g} s with the server silent (no byte, or no progress " \
+               f"for {timeout_s / 2:g} s)"
+    return f"the server stopped answering: {len(stalls)} requests in a row {what}"
 
 
 def verify(url: str, model: str | None = None, only: list[str] | None = None, skip: list[str] | None = None,

@@ -11,7 +11,8 @@ from servelab.verify.checks.common import (CHAT_PROMPT, chat_request, check_cont
                                            read_chat_stream, reasoning_of, send_stream, StreamReading)
 from servelab.verify.checks.registry import CheckContext, CheckFailed, Evidence, Findings, Verdict, check
 from servelab.verify.checks.thinking import judge_thinking, read_signals
-from servelab.verify.http import BadResponse, excerpt, excerpt_ends, one_line, post_stream, request_json
+from servelab.verify.http import (BadResponse, excerpt, excerpt_ends_bytes, one_line, post_stream,
+                                  request_json)
 
 # A reasoning model may spend the story's 32 tokens thinking; the request is then repeated once with this budget,
 # so the answer path is verified too.
@@ -148,7 +149,7 @@ async def chat_stream(ctx: CheckContext, evidence: Evidence) -> Verdict:
     evidence.request = chat_request(ctx.model, stream=True)
 
     def keep_excerpt(raw: bytes) -> None:
-        evidence.response_excerpt = excerpt_ends(raw.decode("utf-8", errors="replace"))
+        evidence.response_excerpt = excerpt_ends_bytes(raw)
 
     reply = await post_stream(ctx.session, ctx.base_url, "/v1/chat/completions", evidence.request, keep_excerpt)
     keep_excerpt(reply.raw)

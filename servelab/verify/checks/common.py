@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servelab.verify.checks.registry import CheckContext, CheckFailed, Evidence, Findings
-from servelab.verify.http import (StreamReply, excerpt, excerpt_ends, one_line, post_stream, request_json)
+from servelab.verify.http import (StreamReply, excerpt, excerpt_ends_bytes, one_line, post_stream,
+                                  request_json)
 
 # ---- Shared validation -------------------------------------------------------------------------------------------
 
@@ -124,7 +125,7 @@ async def send_stream(ctx: CheckContext, evidence: Evidence | None, body: dict[s
     """POST a streamed request and read it to its end, keeping the excerpt current as bytes arrive."""
     def keep_excerpt(raw: bytes) -> None:
         if evidence is not None:
-            evidence.response_excerpt = excerpt_ends(raw.decode("utf-8", errors="replace"))
+            evidence.response_excerpt = excerpt_ends_bytes(raw)
 
     if evidence is not None:
         evidence.request = body

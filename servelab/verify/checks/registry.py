@@ -51,6 +51,10 @@ class CheckContext:
     chat_text: str | None = None  # the non-streamed temperature-0 answer from `chat`, for `chat_stream` to match
     # Facts about the server looked up once and shared (e.g. llama.cpp's /props, the tokenizer endpoint found).
     facts: dict[str, Any] = field(default_factory=dict)
+    # Set by the runner: why the last check's deadline passed with the server silent ("first-byte", "idle"), and
+    # the first bound a response went past (the SDK check, which reads with its own client, is skipped then).
+    stall: str | None = None
+    hostile: str | None = None
 
 
 CheckFn = Callable[[CheckContext, Evidence], Awaitable[Verdict]]

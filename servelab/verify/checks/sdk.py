@@ -19,6 +19,10 @@ NO_KEY = "servelab-no-key"  # the SDK insists on a key; a server without auth ig
 @check("openai_sdk", "The official openai Python SDK reads a plain and a streamed chat answer")
 async def openai_sdk(ctx: CheckContext, evidence: Evidence) -> Verdict:
     assert ctx.model is not None
+    if ctx.hostile is not None:
+        # The SDK reads with its own client (httpx), without verify's bounds: not against a body already hostile.
+        return skip(f"not run against a hostile server: an earlier check's answer went past verify's bounds "
+                    f"({ctx.hostile})")
     if importlib.util.find_spec("openai") is None:
         return skip("the openai package is not installed (pip install openai)")
     import openai
