@@ -19,7 +19,8 @@ import aiohttp
 
 from servelab.net import CONNECT_TIMEOUT_S, ensure_reachable, normalize_base_url  # noqa: F401 (re-exported)
 from servelab.bench.sse import SSEDecodeError, SSEEvent, SSEParser
-from servelab.verify.transport import MAX_EVENTS, BadResponse, Flight, Overflow, exchange  # noqa: F401
+from servelab.verify.transport import (MAX_EVENTS, MAX_LINE_BYTES, BadResponse, Flight, Overflow,  # noqa: F401
+                                       exchange, mib)
 
 EXCERPT_CHARS = 500
 
@@ -196,17 +197,23 @@ async def post_stream(session: aiohttp.ClientSession | None, base_url: str, path
     reply = StreamReply(status=0, content_type="", sent_at=time.perf_counter())
     raw = bytearray()
     flight = Flight(sent_at=reply.sent_at)
+    line = [0]  # bytes of the line not yet ended
 
     def sink(chunk: bytes) -> None:
         if reply.first_bytes_at is None:
             reply.first_bytes_at = time.perf_counter()
         raw.extend(chunk)
+        newline = chunk.rfind(b"\n")
+        line[0] = len(chunk) - newline - 1 if newline >= 0 else line[0] + len(chunk)
+        if line[0] > MAX_LINE_BYTES:
+            raise Overflow(f"a line of the stream grew past {mib(MAX_LINE_BYTES)} without its end "
+                           f"({len(raw):,} bytes and {len(reply.events):,} complete events read; the rest was not)")
         before = len(reply.events)
         _feed(reply, parser, chunk)
         if len(reply.events) > before:
             flight.progress_at = time.perf_counter()
         if len(reply.events) > MAX_EVENTS:
-            raise Overflow(f"the stream sent more than {MAX_EVENTS:,} events (in {len(raw):,} bytes): "
+            raise Overflow(f"the stream sent more than {MAX_EVENTS:,} events ({len(raw):,} bytes): "
                            "the rest was not read")
         reply.event_times.extend([time.perf_counter()] * (len(reply.events) - len(reply.event_times)))
         if on_progress is not None:
@@ -215,7 +222,7 @@ async def post_stream(session: aiohttp.ClientSession | None, base_url: str, path
     try:
         got = await exchange("POST", base_url, path, json.dumps(body).encode(), _auth(session), sink, flight=flight)
     except Overflow as exc:
-        seen = f" ({len(reply.events):,} events complete)" if raw else ""
+        seen = f" ({len(reply.events):,} complete events read)" if raw and "events" not in str(exc) else ""
         raise Overflow(f"{exc}{seen}", exc.excerpt or excerpt_ends_bytes(raw)) from None
     assert got.status is not None
     reply.status, reply.content_type = got.status, _content_type(got.headers)
