@@ -6,6 +6,7 @@ errors with a status the server never sent. Every server here is a loopback one 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -169,6 +170,30 @@ def test_a_server_that_never_answers_ends_verify_after_two_deadlines() -> None:
     assert rest and all(c["outcome"] == "skip" and c["reason"] == stopped for c in rest), rest
     assert checks["models"]["outcome"] == "pass"
     assert wall < 4 * 2 + 6, f"{wall:.1f} s"
+
+
+async def token_then_pings(reader, writer, head) -> None:
+    """A first token, then only keep-alive comments: bytes keep coming, the answer never grows."""
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+                 b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "4"}}]}\n\n')
+    await writer.drain()
+    for _ in range(600):
+        await asyncio.sleep(0.1)
+        writer.write(b": ping\n\n")
+        await writer.drain()
+
+
+def test_streams_that_only_send_keep_alive_comments_stop_verify_after_two_deadlines() -> None:
+    started = time.monotonic()
+    with FaultyServer(token_then_pings) as srv:
+        checks = {c.id: c for c in verify(srv.url, model="m", check_timeout_s=2,
+                                          only=["chat_stream", "stream_framing", "concurrency"]).checks}
+    assert checks["chat_stream"].reason == "timed out after 2s"
+    assert checks["stream_framing"].reason == "timed out after 2s"
+    assert checks["concurrency"].outcome == "skip"
+    assert checks["concurrency"].reason.startswith("the server stopped answering: 2 requests in a row reached the "
+                                                   "deadline of 2 s with the server silent")
+    assert time.monotonic() - started < 4 * 2 + 4
 
 
 def test_one_slow_check_between_answers_does_not_stop_verify() -> None:

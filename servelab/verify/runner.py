@@ -41,7 +41,7 @@ def select_checks(only: list[str] | None, skip: list[str] | None) -> dict[str, s
 
 def stall_kind(flights: set[Flight], timeout_s: float) -> str | None:
     """At a deadline: "first-byte" when no request in flight had a byte of its answer, "idle" when every one had
-    made no progress (head, body, a complete event) for the last half of the deadline, else None."""
+    made no progress (its head, a complete event of a stream) for the last half of the deadline, else None."""
     if not flights:
         return None
     if all(f.first_byte_at is None for f in flights):

@@ -54,7 +54,7 @@ class Flight:
 
     sent_at: float
     first_byte_at: float | None = None  # any byte of the response
-    progress_at: float | None = None  # the last time the answer grew: its head, a body read, a complete SSE event
+    progress_at: float | None = None  # the last time the answer grew: its head, a complete SSE event
 
 
 FLIGHTS: ContextVar[set[Flight] | None] = ContextVar("verify_flights", default=None)
@@ -99,11 +99,10 @@ class Collector:
         if self.size + len(data) > MAX_BODY_BYTES:
             raise Overflow(self.too_large())
         self.size += len(data)
-        self.flight.progress_at = time.perf_counter()
         if self.sink is not None and self.status is not None and 200 <= self.status < 300:
-            self.sink(data)
+            self.sink(data)  # a stream progresses by its complete events (keep-alive comments are no progress)
         else:
-            self.body += data
+            self.body += data  # an answer read whole is of use only whole: its bytes trickling in are no progress
         return False
 
     def on_end(self, now_ns: int) -> None:
