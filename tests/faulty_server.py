@@ -1,10 +1,11 @@
 """A loopback HTTP server whose answers to POSTs are scripted raw bytes (issue 27): headers that never end, a
-stall before any byte, an answer that asks for Basic auth. GETs get a small well-formed answer (a model list), so
-bench's set-up probes pass and the fault reaches the measured requests.
+stall before any byte, an answer that asks for Basic auth. GETs (and POSTs elsewhere, as /tokenize) get a small
+well-formed answer (a model list, or 404), so bench's set-up probes pass and the fault reaches the measured requests.
 
     with FaultyServer(fault) as srv: srv.url ...
 
-`fault(reader, writer, request_head)` is an async function writing the answer to one POST; the server counts the
+`fault(reader, writer, request_head)` is an async function writing the answer to one POST to a completions
+endpoint; the server counts the
 POSTs it received (`posts`) and keeps their heads (`heads`)."""
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class FaultyServer:
             if length:
                 await reader.readexactly(length)
             self.heads.append(head)
-            if head.startswith(b"POST"):
+            if head.startswith(b"POST") and b"/completions " in head.split(b"\r\n")[0]:
                 self.posts += 1
                 await self.fault(reader, writer, head)
             else:

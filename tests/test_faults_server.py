@@ -113,3 +113,79 @@ def test_bench_under_a_header_flood_stays_under_300_mb(tmp_path: Path, fault: st
     assert len(kept) == 8 and all(r.error_kind == "parse" for r in kept)
     assert peak_mb < 300, f"peak RSS {peak_mb:.0f} MB"
     assert wall < 60
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. A server that stopped answering ends its level within about two deadlines
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", [("--mode", "single", "--requests", "4"),
+                                  ("--mode", "concurrency", "--concurrency", "2", "--requests", "8")],
+                         ids=["single", "concurrency"])
+def test_a_server_that_never_sends_headers_ends_the_level_in_two_deadlines(tmp_path: Path, mode) -> None:
+    # Before: each of the requests waited out its deadline in turn (494 s for 4 at the default 120 s; here 4 x 2 s).
+    with FaultyServer(never_answers) as srv:
+        done, wall, _ = run_bench(srv.url, tmp_path, *mode, "--timeout-first-byte", "2", "--timeout-idle", "2")
+        posts = srv.posts
+    text = done.stdout + done.stderr
+    assert done.returncode == 1, text[-3000:]
+    assert "the server stopped answering: 2 requests in a row reached the first-byte deadline of 2 s" in text, \
+        text[-3000:]
+    assert wall < 2 * 2 + 12, wall  # two deadlines and the set-up, not four or eight deadlines
+    kept = records(tmp_path)
+    assert posts == len(kept) and all(r.error_kind == "timeout_first_byte" for r in kept)
+    assert len(kept) == 2  # the rest were not sent
+    summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
+    assert "stopped answering" in (summary.get("stop_reason") or ""), summary.get("stop_reason")
+
+
+def test_one_slow_request_among_good_ones_does_not_end_a_level() -> None:
+    from servelab.bench.loads.control import StallWatch
+    from servelab.records import RequestRecord
+
+    def rec(ok: bool, kind: str | None = None) -> RequestRecord:
+        return RequestRecord(index=0, endpoint=CHAT, t_send_ns=0, ok=ok, error_kind=kind,
+                             error_detail="first byte deadline passed after 2.0s (0 events received; the "
+                                          "deadline is 2 s)" if kind else None)
+    watch = StallWatch()
+    watch.see(rec(False, "timeout_first_byte"))
+    watch.see(rec(False, "http"))
+    watch.see(rec(False, "timeout_first_byte"))
+    assert not watch.stalled  # not in a row
+    watch.see(rec(False, "timeout_first_byte"))
+    assert watch.stalled and "first-byte deadline of 2 s" in watch.reason()
+    served = StallWatch()
+    served.see(rec(True))
+    served.see(rec(False, "timeout_first_byte"))
+    served.see(rec(False, "timeout_first_byte"))
+    assert not served.stalled  # it answered before: a slow moment, not a server that stopped
+
+
+def test_a_run_cell_whose_server_stopped_answering_fails_with_the_evidence(tmp_path: Path, monkeypatch) -> None:
+    import dataclasses
+
+    from rich.console import Console
+
+    from servelab import pipeline
+    from servelab.experiment.load import parse_experiment
+    from servelab.experiment.runner import ExperimentOptions, run_experiment
+
+    real_bench = pipeline.bench
+
+    def short_deadlines(url, opts, **kw):  # the experiment's deadlines are bench's (120 s); 1 s here
+        return real_bench(url, dataclasses.replace(opts, deadlines=Deadlines(first_byte_s=1, idle_s=1)), **kw)
+
+    monkeypatch.setattr(pipeline, "bench", short_deadlines)
+    with FaultyServer(never_answers) as srv:
+        text = ("name: stalled\nbench: {single_requests: 4, max_tokens: 6, level_duration_s: 0.3, "
+                "max_concurrency: 2, warmup: 0}\nverify: {enabled: false}\ncontention: {reruns: 0}\ncells:\n"
+                f"  - {{name: stalled, url: {srv.url}, model: m}}\n")
+        t0 = time.monotonic()
+        result = run_experiment(parse_experiment(text, "exp.yaml"), ExperimentOptions(out_root=tmp_path),
+                                Console(file=open(os.devnull, "w")))
+        wall = time.monotonic() - t0
+        posts = srv.posts
+    (cell,) = result.cells
+    assert cell.status == "failed" and "stopped answering" in cell.reason, cell.reason
+    assert "first-byte deadline of 1 s" in cell.reason
+    assert posts == 2 and wall < 20, (posts, wall)  # the cell ended; its sweep never ran

@@ -326,8 +326,10 @@ class StreamClient:
                 timer = loop.call_later((wake - now) / 1e9, check_deadline)
                 return
             waited = (now - t0) / 1e9
+            deadline_s = {"timeout_first_byte": d.first_byte_s, "timeout_idle": d.idle_s}.get(kind, d.total_s)
             exchange.abort(_Failure(kind, f"{kind.removeprefix('timeout_').replace('_', ' ')} deadline passed "
-                                          f"after {waited:.1f}s ({state.events} events received)"))
+                                          f"after {waited:.1f}s ({state.events} events received; the deadline "
+                                          f"is {deadline_s:g} s)"))
 
         check_deadline()
         try:

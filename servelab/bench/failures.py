@@ -60,6 +60,8 @@ def error_gate(levels: Sequence[Summary], max_error_rate: float | None = None) -
         if level.errors.get("fd_limit"):
             reasons.append(f"{level.tag}: {level.errors['fd_limit']:,} requests could not open a socket: the client "
                            f"ran out of file descriptors (`ulimit -n`), so the load asked for was not offered")
+        elif ended_by == "stalled" and level.steady is not None:
+            reasons.append(f"{level.tag}: {level.steady.reason}")
         elif ended_by == "gone":
             reasons.append(f"{level.tag}: the server stopped accepting connections ({level.failed:,} of "
                            f"{level.ok + level.failed:,} requests failed)")

@@ -24,7 +24,7 @@ from servelab.bench.limits import DescriptorShortage, auth_headers, check_descri
 from servelab.bench.environment import EnvironmentSampler, contention_warning
 from servelab.bench.failures import top_errors
 from servelab.bench.loads import Recorder, Target, make_spec, run_concurrency, run_single
-from servelab.bench.loads.control import LevelControl
+from servelab.bench.loads.control import LevelControl, StallWatch
 from servelab.bench.metrics import as_tally, peak_figures, summarize
 from servelab.bench.plans import (PLAN_MODES, LoadPlan, annotate_partial, plan_headline, prepare_workload,
                                   run_plan)
@@ -195,7 +195,7 @@ class BenchStopped(Exception):
 
 
 # What ended a level (LevelControl.ended_by) that ends the whole run too.
-STOPPING_ENDS = ("gone", "fd_limit")
+STOPPING_ENDS = ("gone", "fd_limit", "stalled")
 
 
 def stop_if_broken(summary: Summary) -> None:
@@ -298,7 +298,8 @@ async def finish_level(state: BenchState, records: list[RequestRecord], *, tag: 
     if control is not None and control.rule is not None:
         steady_state.apply(summary, steady_state.judge(tally, window, control.rule, ended_by=control.ended_by,
                                                        cap_s=control.cap_s, rate=rate,
-                                                       budget=control.max_requests))
+                                                       budget=control.max_requests,
+                                                       stall_reason=control.stall_reason()))
     attach_environment(summary, environment)
     events = tally.in_window(window)[2]
     if summary.window_s > 0:
@@ -384,10 +385,16 @@ async def run_levels(state: BenchState, client: StreamClient, target: Target) ->
     if opts.mode == "single":
         await warm_up(state, client, target, tag="single")
         await begin_level(state, "single", 1)
+        stall = StallWatch()
         records, window = await run_single(client, opts.workload, target, state.recorder,
-                                           requests=opts.single_requests, warmup=0)
-        state.level_done(await finish_level(state, records, tag="single", mode="single",
-                                            concurrency=1, window=window))
+                                           requests=opts.single_requests, warmup=0, stall=stall)
+        level = await finish_level(state, records, tag="single", mode="single", concurrency=1, window=window)
+        if stall.stalled:  # the evidence where every level's is: its steady state (the error gate reads it)
+            steady_state.apply(level, steady_state.judge(records, window, opts.steady, ended_by="stalled",
+                                                         stall_reason=stall.reason(stall.not_sent)))
+        state.level_done(level)
+        if stall.stalled:
+            raise BenchStopped(f"single: {stall.reason(stall.not_sent)}")
     elif opts.mode == "sweep":
         await sweep(state, client, target)
     else:

@@ -84,11 +84,13 @@ def earliest_end(start_ns: int, lo_ns: int, now_ns: int, done: Sequence[tuple[in
 
 
 def judge(records, window: tuple[int, int], rule: SteadyRule, *, ended_by: str | None,
-          cap_s: float | None = None, rate: float | None = None, budget: int | None = None) -> SteadyState:
+          cap_s: float | None = None, rate: float | None = None, budget: int | None = None,
+          stall_reason: str | None = None) -> SteadyState:
     """Whether a finished level reached a steady state. `ended_by` says what stopped it sending: "steady" (the
     rule held after its duration), "budget", "schedule", "cap", "failures" (its first requests all failed),
     "failing" (most had failed when its duration ran out), "gone" (connections refused in a row), "fd_limit"
-    (the client ran out of file descriptors), "duration" (no rule applied), "interrupted"."""
+    (the client ran out of file descriptors), "stalled" (the server stopped answering: `stall_reason` says how),
+    "duration" (no rule applied), "interrupted"."""
     from servelab.bench.metrics import as_tally
 
     tally = as_tally(records)
@@ -100,7 +102,8 @@ def judge(records, window: tuple[int, int], rule: SteadyRule, *, ended_by: str |
     every = sorted(e for _, e in done)
     p50 = percentile(inside or every, 50) if (inside or every) else None
     capped = ended_by == "cap"
-    measured = holds(window_s, inside, rule) and ended_by not in ("cap", "failures", "failing", "gone", "fd_limit")
+    measured = holds(window_s, inside, rule) and ended_by not in ("cap", "failures", "failing", "gone", "fd_limit",
+                                                                      "stalled")
     steady = SteadyState(measured=measured, completed_in_window=len(inside), min_completed=rule.min_completed,
                          latency_multiple=rule.latency_multiple, e2e_p50_s=p50, window_s=window_s,
                          ended_by=ended_by, capped=capped, cap_s=cap_s)
@@ -121,8 +124,9 @@ def judge(records, window: tuple[int, int], rule: SteadyRule, *, ended_by: str |
                "gone": f"{rule.give_up_after} requests in a row could not connect (the server is gone?), so the "
                        f"level stopped early",
                "fd_limit": "the client ran out of file descriptors (`ulimit -n`), so the level stopped early: the "
-                           "load asked for could not be offered"}
-    if ended_by in ("gone", "fd_limit"):
+                           "load asked for could not be offered",
+               "stalled": f"{stall_reason or 'the server stopped answering'}, so the level stopped early"}
+    if ended_by in ("gone", "fd_limit", "stalled"):
         reason = f"{stopped[ended_by]} ({ok} succeeded, {failed} failed)"
     elif not ok and failed:
         reason = f"no request succeeded ({failed} failed)"

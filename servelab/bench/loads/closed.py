@@ -21,13 +21,15 @@ import time
 
 from servelab.bench.client import StreamClient
 from servelab.bench.loads.common import Recorder, Target, level_running, make_spec
-from servelab.bench.loads.control import Backoff, LevelControl
+from servelab.bench.loads.control import Backoff, LevelControl, StallWatch
 from servelab.records import RequestRecord
 
 
 async def run_single(client: StreamClient, workload, target: Target, recorder: Recorder, *,
-                     requests: int, warmup: int = 1, tag: str = "single") -> tuple[list[RequestRecord],
-                                                                                 tuple[int, int]]:
+                     requests: int, warmup: int = 1, tag: str = "single", stall: StallWatch | None = None
+                     ) -> tuple[list[RequestRecord], tuple[int, int]]:
+    """`requests` one after another. With `stall` (a StallWatch), the level ends once it says the server stopped
+    answering; `stall.not_sent` is then how many were left."""
     # Every token event of a request lies between its send and its end, so inside this level's window (first
     # send .. last end) by construction: the tally folds each as it comes (a floor that is always past it).
     measured = recorder.level(floor=_past_everything)
@@ -35,11 +37,16 @@ async def run_single(client: StreamClient, workload, target: Target, recorder: R
     try:
         for _ in range(warmup):
             recorder.add(await client.send(make_spec(workload, target, recorder, tag, warmup=True)))
-        for _ in range(requests):
+        for sent in range(1, requests + 1):
             record = await client.send(make_spec(workload, target, recorder, tag))
             recorder.add(record)
             measured.append(record)
             span.add(record)
+            if stall is not None:
+                stall.see(record)
+                if stall.stalled:  # the server stopped answering: the rest would each wait out the deadline
+                    stall.not_sent = requests - sent
+                    break
     except asyncio.CancelledError:
         recorder.add_cancelled(client, measured)
         raise

@@ -15,6 +15,10 @@ measurement window ends (`window_end_ns`):
 - failing: most requests had failed when the duration ran out: the level is not extended.
 - gone: `give_up_after` requests in a row could not connect (connection refused: the server died mid-level):
   the level ends at once, and the bench with it (bench/runner.py).
+- stalled: the level's first requests reached the same deadline before anything else (STALL_AFTER in a row
+  timed out before their first token, or went idle, and none succeeded): the server stopped answering. The level
+  ends at once, the rest of it is not sent, and the bench stops with it (bench/runner.py): a request more would
+  only wait out its deadline again (bench/loads/closed.py's single stream uses the same StallWatch).
 - fd_limit: a request could not open a socket because the client ran out of file descriptors (EMFILE): the
   load asked for cannot be offered, so the level ends at once, and the bench with it.
 Without a rule (a load mode used directly, as the tests do) a level ends at its duration or its budget, as
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import re
 import time
 from collections.abc import Sequence
 
@@ -37,6 +42,52 @@ from servelab.records import RequestRecord
 
 NS_PER_S = 1_000_000_000
 TICK_S = 0.1  # after the duration, the rule is looked at this often even when no request finishes
+STALL_AFTER = 2  # this many requests in a row reaching the same deadline, none succeeded: the server stopped
+STALL_KINDS = {"timeout_first_byte": "first-byte", "timeout_idle": "idle"}
+_DEADLINE_IS = re.compile(r"the deadline is ([0-9.]+) s")
+
+
+class StallWatch:
+    """Whether a server stopped answering: the first requests of a level (none succeeded yet) reached the same
+    deadline (first byte, or idle) STALL_AFTER times in a row. Any other outcome breaks the run of them."""
+
+    def __init__(self, after: int = STALL_AFTER):
+        self.after = after
+        self.ok = 0
+        self.in_a_row = 0
+        self.kind: str | None = None
+        self.deadline_s: str | None = None
+        self.not_sent = 0  # set by a load that stopped on it: the requests it did not send
+
+    def see(self, record: RequestRecord) -> None:
+        if record.error_kind == "cancelled":
+            return
+        if record.ok:
+            self.ok += 1
+            self.in_a_row, self.kind = 0, None
+            return
+        kind = record.error_kind
+        if kind in STALL_KINDS and kind == self.kind:
+            self.in_a_row += 1
+        elif kind in STALL_KINDS:
+            self.kind, self.in_a_row = kind, 1
+        else:
+            self.kind, self.in_a_row = None, 0
+        if kind in STALL_KINDS:
+            found = _DEADLINE_IS.search(record.error_detail or "")
+            self.deadline_s = found.group(1) if found else None
+
+    @property
+    def stalled(self) -> bool:
+        return self.ok == 0 and self.kind is not None and self.in_a_row >= self.after
+
+    def reason(self, not_sent: int | None = None) -> str:
+        name = STALL_KINDS.get(self.kind or "", "same")
+        deadline = f" of {float(self.deadline_s):g} s" if self.deadline_s else ""
+        text = f"the server stopped answering: {self.in_a_row} requests in a row reached the {name} deadline{deadline}"
+        if not_sent:
+            text += f"; the {not_sent:,} requests left were not sent"
+        return text
 
 
 class LevelControl:
@@ -57,6 +108,7 @@ class LevelControl:
         self.connect_failures_in_a_row = 0  # since the last request that connected
         self.fd_limit = 0  # requests that could not open a socket (EMFILE)
         self.cancelled_at_cap = 0
+        self.stall = StallWatch()
         self.ended_by: str | None = None
         self.window_end_ns: int | None = None
         self._stop: asyncio.Event | None = None
@@ -98,7 +150,15 @@ class LevelControl:
             self.fd_limit += 1
         elif record.error_kind != "cancelled":
             self.connect_failures_in_a_row = 0
+        self.stall.see(record)
         self.evaluate(time.perf_counter_ns())
+
+    def stall_reason(self) -> str | None:
+        """What a level that ended `stalled` says: the deadline its requests reached, and what was not sent."""
+        if self.ended_by != "stalled":
+            return None
+        left = self.max_requests - self.sent if self.max_requests is not None else None
+        return self.stall.reason(left)
 
     def window_floor_ns(self) -> int:
         """A time before which the window's end can no longer fall: the latest send (every way a level ends puts
@@ -125,6 +185,8 @@ class LevelControl:
             self._end("fd_limit", self._last_send_or(now_ns))
         elif rule is not None and self.connect_failures_in_a_row >= rule.give_up_after:
             self._end("gone", self._last_send_or(now_ns))
+        elif rule is not None and self.stall.stalled:
+            self._end("stalled", self._last_send_or(now_ns))
         elif rule is not None and self.ok == 0 and self.failed >= rule.give_up_after:
             self._end("failures", self._last_send_or(now_ns))
         elif self.max_requests is not None and self.sent >= self.max_requests:
