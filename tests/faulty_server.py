@@ -117,3 +117,19 @@ async def many_headers(reader, writer, head, count: int = 2_000_000) -> None:
         await writer.drain()
     writer.write(b"\r\n")
     await writer.drain()
+
+
+def basic_auth_required(user: str, password: str):
+    """A fault: every completion POST without `user:password` as Basic auth gets a 401; with it, an answer."""
+    import base64
+
+    want = b"authorization: basic " + base64.b64encode(f"{user}:{password}".encode())
+
+    async def fault(reader, writer, head) -> None:
+        if any(line.lower() == want.lower() for line in head.split(b"\r\n")):
+            writer.write(sse_answer())
+        else:
+            writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: 27\r\n"
+                         b"Connection: close\r\n\r\n{\"error\": \"unauthorized\"}  ")
+        await writer.drain()
+    return fault

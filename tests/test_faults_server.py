@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from faulty_server import FaultyServer, huge_header_line, many_headers, never_answers, sse_answer
+from faulty_server import (FaultyServer, basic_auth_required, huge_header_line, many_headers, never_answers,
+                           sse_answer)
 from servelab.bench.client import ClientOptions, Deadlines, RequestSpec, StreamClient
 from servelab.store.rundir import read_records
 
@@ -189,3 +190,44 @@ def test_a_run_cell_whose_server_stopped_answering_fails_with_the_evidence(tmp_p
     assert cell.status == "failed" and "stopped answering" in cell.reason, cell.reason
     assert "first-byte deadline of 1 s" in cell.reason
     assert posts == 2 and wall < 20, (posts, wall)  # the cell ended; its sweep never ran
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. URL credentials go with every request, and are never written
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_url_credentials_go_with_the_measured_requests_and_are_never_written(tmp_path: Path) -> None:
+    # Before: Basic auth on the set-up probes only; the 4 measured POSTs got 4 x HTTP 401, exit 1.
+    secret = "PW-servelab-27-s3cret"
+    with FaultyServer(basic_auth_required("alice", secret)) as srv:
+        url = srv.url.replace("http://", f"http://alice:{secret}@")
+        done, _, _ = run_bench(url, tmp_path, "--mode", "single", "--requests", "4")
+        posts = srv.posts
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    kept = records(tmp_path)
+    assert posts == 4 and len(kept) == 4 and all(r.ok for r in kept), [r.error_detail for r in kept]
+    assert secret not in done.stdout + done.stderr
+    leaked = [str(p) for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in _plain_bytes(p)]
+    assert leaked == []
+
+
+def _plain_bytes(path: Path) -> bytes:
+    import gzip
+    import sqlite3
+
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        return gzip.decompress(raw)
+    if path.suffix == ".db":
+        with sqlite3.connect(path) as db:  # the store: every text it holds, whatever page it sits on
+            rows = [str(row) for (name,) in db.execute("select name from sqlite_master where type='table'")
+                    for row in db.execute(f'select * from "{name}"')]
+        return raw + "\n".join(rows).encode()
+    return raw
+
+
+def test_the_basic_header_is_built_from_the_url() -> None:
+    from servelab.bench.client import basic_auth
+
+    assert basic_auth("http://127.0.0.1:8000") is None
+    assert basic_auth("http://a%40b:p%3Aw@h:1/v1") == "Basic " + __import__("base64").b64encode(b"a@b:p:w").decode()

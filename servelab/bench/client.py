@@ -21,6 +21,7 @@ a failed record that says what arrived.
 from __future__ import annotations
 
 import asyncio
+import base64
 import email.utils
 import gc
 import html
@@ -31,6 +32,7 @@ import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import orjson
 
@@ -134,6 +136,16 @@ class _StreamState:
                 f"(bound {self.max_count:,}); it was not used")
 
 
+def basic_auth(url: str) -> str | None:
+    """The Authorization header for the user and password in `url` (http://user:pass@host), or None. aiohttp
+    sends the same on the set-up probes; the streams' own HTTP layer (http1.py) takes only host and port."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return None
+    pair = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+    return "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
+
+
 def plausible_token_bound(max_tokens: int | None) -> int:
     """The largest token count a server may report for one request before it is read as nonsense."""
     if isinstance(max_tokens, int) and max_tokens > 0:
@@ -178,6 +190,7 @@ class StreamClient:
         self.base_url = base_url.rstrip("/")
         self.options = options or ClientOptions()
         self._origin = Origin.from_url(self.base_url)
+        self._basic = basic_auth(self.base_url)  # credentials in the URL: on every request, as the probes send them
         self._headers: dict[str, str] | None = None
         self._tls: ssl.SSLContext | None = None
         # Requests that were in flight when their task was cancelled (Ctrl-C): each is recorded here with
@@ -195,6 +208,8 @@ class StreamClient:
                    "Accept-Encoding": "gzip, deflate"}
         if self.options.api_key:
             headers["Authorization"] = f"Bearer {self.options.api_key}"
+        elif self._basic:
+            headers["Authorization"] = self._basic
         self._headers = headers
         self._keep_collector_pauses_short()  # everything alive before the first request, e.g. imported modules
         if self._origin.scheme == "https":
