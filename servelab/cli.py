@@ -430,6 +430,10 @@ def run_cmd(
     warmup: Annotated[Optional[str], typer.Option(
         help="Warm-up before each bench of a trial: N requests one at a time (0: none), or auto (the default): "
              "as many at once as the bench's highest concurrency (capped by the server's slots), then one.")] = None,
+    reruns: Annotated[Optional[int], typer.Option(
+        help="Times a trial contended by other work on the machine may run again once it is quiet (default 2); "
+             "0: contended trials are only left out, and a busy machine never stops the run "
+             "(docs/metrics.md#contended-trials).")] = None,
     junit: JunitOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -454,6 +458,10 @@ def run_cmd(
                                        "warmup": None if warmup is None else "auto" if warmup_n is None else warmup_n})
     if trials is not None:
         spec = spec.model_copy(update={"trials": trials})
+    if reruns is not None:
+        if not 0 <= reruns <= 20:
+            raise UserError("--reruns must be between 0 and 20")
+        spec = spec.model_copy(update={"contention": spec.contention.model_copy(update={"reruns": reruns})})
     options = ExperimentOptions(out_root=out, store_path=store, resume="require" if resume else "never" if new
                                 else "auto", source=str(experiment) if experiment else "embedded default")
     result = run_experiment(spec, options, _out_console(as_json))

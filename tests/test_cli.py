@@ -159,7 +159,7 @@ def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> No
 @pytest.mark.engine
 def test_ctrl_c_during_run_stops_the_engine_and_keeps_what_was_measured(tmp_path: Path) -> None:
     proc = subprocess.Popen([*SERVELAB, "run", "--out", str(tmp_path), "--duration", "30", "--requests", "50",
-                             "--max-tokens", "64"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--max-tokens", "64", "--reruns", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240  # both cells' servers come up and are verified before the first trial
         records_file = None

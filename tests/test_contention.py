@@ -186,3 +186,26 @@ def test_the_guard_stops_when_most_of_the_plan_was_contended_and_never_with_reru
         guard.after_contended("a", 0, [], None, "trial 1/50 of a", said.append)
     off = ContentionGuard(ContentionPolicy(reruns=0), planned=2)
     assert not any(off.after_contended("a", i, [], None, "t", said.append) for i in range(5))
+
+
+def test_reruns_0_runs_every_trial_to_its_end_and_only_leaves_the_contended_out(tmp_path: Path,
+                                                                                  calibration) -> None:
+    path = tmp_path / "busy.yaml"
+    path.write_text(_experiment(calibration.url, 2, "{stop_after_s: 1, quiet_s: 1, wait_s: 1}")
+                    .replace("level_duration_s: 20", "level_duration_s: 2"))
+    busy = hog(60)
+    try:
+        proc = subprocess.run([str(Path(sys.executable).with_name("servelab")), "run", str(path), "--out",
+                               str(tmp_path / "runs"), "--json", "--reruns", "0"],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "complete"
+    for run in doc["runs"]:
+        assert [t["status"] for t in run["trials"]] == ["complete", "complete"]  # none stopped early
+        assert all(t["round"] is None for t in run["trials"])  # nor run again
+        levels = [lv for t in run["trials"] for lv in t["single"]["levels"] + t["sweep"]["levels"]]
+        assert any(lv["environment"]["contended"] for lv in levels)  # the hog was seen, and said

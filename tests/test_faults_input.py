@@ -77,7 +77,7 @@ def test_no_secret_of_a_cell_or_its_url_reaches_any_file_or_the_terminal(tmp_pat
         "options": {"probe_path": "/health"}}
     url_cell = {"name": "by-url", "url": calibration.url.replace("http://", f"http://alice:{MARK}13@")}
     doc = {"name": "secrets", "bench": {"single_requests": 2, "max_tokens": 4, "warmup": 0, "sweep": False},
-           "verify": {"enabled": False}, "cells": [launched, url_cell]}
+           "verify": {"enabled": False}, "contention": {"reruns": 0}, "cells": [launched, url_cell]}
     out = io.StringIO()
     result = run_experiment(parse_experiment(json.dumps(doc), "secrets.yaml"),
                             ExperimentOptions(out_root=tmp_path), Console(file=out, width=200))

@@ -186,7 +186,7 @@ def test_run_stopped_by_sigterm_records_in_flight_and_stops_the_engine_tree(tmp_
     cancelled, and the server and the launcher are gone."""
     pidfile = tmp_path / "server.pid"
     port = free_port()
-    experiment = {"name": "sigterm", "verify": {"enabled": False},
+    experiment = {"name": "sigterm", "verify": {"enabled": False}, "contention": {"reruns": 0},
                   "bench": {"single_requests": 4, "warmup": 0, "sweep": False, "max_tokens": 50},
                   "cells": [{"name": "forking", "engine": "command", "model": "calibration", "port": port,
                              "extra_args": [*LAUNCHER, "{port}", "setsid", str(pidfile),
@@ -276,7 +276,7 @@ def fast():
 
 
 def experiment_file(tmp_path: Path, url: str, name: str = "disk", requests: int = 3, **bench: Any) -> Path:
-    doc = {"name": name, "verify": {"enabled": False},
+    doc = {"name": name, "verify": {"enabled": False}, "contention": {"reruns": 0},  # not what these test
            "bench": {"single_requests": requests, "warmup": 0, "sweep": False, "max_tokens": 40, **bench},
            "cells": [{"name": "a", "url": url}, {"name": "b", "url": url}]}
     path = tmp_path / f"{name}.yaml"

@@ -24,9 +24,10 @@ CHART_IDS = ["throughput", "latency-ttft", "latency-itl", "ttft", "itl", "startu
 
 
 def runs():
-    bad = from_summary(*synthetic_run("exp/misconfigured", slots=1, seed=1, serious=True, text=EVIL),
+    # two trials each: the verdict sentences need them
+    bad = from_summary(*synthetic_run("exp/misconfigured", slots=1, seed=1, serious=True, text=EVIL, trials=2),
                        "misconfigured", "exp/misconfigured")
-    good = from_summary(*synthetic_run("exp/well", slots=8, seed=2), "well <i>configured</i>", "exp/well")
+    good = from_summary(*synthetic_run("exp/well", slots=8, seed=2, trials=2), "well <i>configured</i>", "exp/well")
     return [bad, good]
 
 

@@ -360,7 +360,8 @@ def _plan(experiment: Experiment, cell: Cell, run_id: str, run_dir: Path) -> Cel
     single, sweep = bench.options(model=cell.model if cell.url else None)
     return CellPlan(run_id=run_id, run_dir=run_dir, single=single, sweep=sweep, spec=cell.spec(), url=cell.url,
                     model=cell.model if cell.url else None, ready_timeout_s=experiment.ready_timeout_s,
-                    stop_when_contended_s=experiment.contention.stop_after_s,
+                    # reruns off: nothing would run a stopped trial again, so every trial runs to its end
+                    stop_when_contended_s=experiment.contention.stop_after_s if experiment.contention.reruns else None,
                     verify=VerifyPlan(enabled=verify.enabled, only=verify.only, skip=list(verify.skip),
                                       check_timeout_s=verify.check_timeout_s), trials=experiment.trials)
 
