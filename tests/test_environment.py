@@ -205,11 +205,15 @@ def test_a_server_inside_this_process_is_the_clients_cpu():
 
 
 def test_is_local_host(monkeypatch):
-    # A name is compared with this host's names; socket.getfqdn() is a reverse lookup (gethostbyaddr), which asks
-    # DNS where the hostname is not in /etc/hosts: here it is answered without one.
+    # A name is compared with this host's name, never looked up: socket.getfqdn() (a reverse lookup that asks DNS)
+    # must not be called, and the loopback guard would fail the test on any lookup that leaves the machine.
     import socket
 
-    monkeypatch.setattr(socket, "getfqdn", lambda name="": socket.gethostname())
+    def no_lookup(name=""):
+        raise AssertionError("is_local_host asked DNS (socket.getfqdn)")
+
+    monkeypatch.setattr(socket, "getfqdn", no_lookup)
+    assert is_local_host(socket.gethostname())
     assert is_local_host("127.0.0.1") and is_local_host("localhost") and is_local_host("[::1]")
     assert is_local_host("0.0.0.0")
     assert not is_local_host("192.0.2.1") and not is_local_host("example.invalid") and not is_local_host(None)

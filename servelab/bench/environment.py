@@ -121,11 +121,12 @@ def is_local_host(host: str | None) -> bool:
     try:
         ip = ipaddress.ip_address(host.split("%")[0])
     except ValueError:
+        # The hostname only: socket.getfqdn() is a reverse lookup (gethostbyaddr) that asks DNS, and can hang.
         try:
-            names = {socket.gethostname().lower(), socket.getfqdn().lower()}
+            names = {socket.gethostname().lower()}
         except OSError:
             names = set()
-        return host in names
+        return host in names or host.split(".")[0] in names and host.endswith((".local", ".localdomain"))
     if ip.is_loopback or ip.is_unspecified:
         return True
     try:
