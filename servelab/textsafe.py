@@ -8,6 +8,9 @@ shown. And rich reads `[bold]` in a string as markup. So every such text goes th
 - `inert(text)`: control characters (C0 but for tab and newline where allowed, DEL, C1), and the Unicode line
   separators and bidi controls, shown as visible escapes (`\\x1b`, `\\u202e`); the text is otherwise unchanged;
 - `inert_markup(text)`: the same, with rich markup escaped, for a text placed inside a markup string;
+- `visible(text)`: `inert(text, multiline=True)` for the files servelab writes for people (issue 27): the HTML
+  report, CSV exports and JUnit XML show `\\x1b` where a server sent ESC, so `cat report.html` in a terminal runs
+  nothing. The raw records (records.jsonl.gz, the store, JSON exports) keep the text as received;
 - `InertConsole`: a rich Console that does the first to every piece of text it writes (rich's own cursor
   controls, for live displays, are kept): what a call site forgets is still shown inert.
 """
@@ -37,6 +40,12 @@ def inert(text: object, *, multiline: bool = False) -> str:
     six characters). One line unless `multiline` (then newlines and tabs are kept)."""
     s = text if isinstance(text, str) else str(text)
     return (_UNSAFE_MULTILINE if multiline else _UNSAFE_ONE_LINE).sub(_visible, s)
+
+
+def visible(text: object) -> str:
+    """Text for a file people read (HTML, CSV, JUnit): every control character but tab and newline shown as an
+    escape, as the terminal shows it. One helper for every such writer."""
+    return inert(text, multiline=True)
 
 
 def inert_markup(text: object, *, multiline: bool = False) -> str:

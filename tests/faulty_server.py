@@ -30,8 +30,9 @@ def sse_answer(text: str = "hello") -> bytes:
 
 
 class FaultyServer:
-    def __init__(self, fault: Fault):
+    def __init__(self, fault: Fault, model: str = "m"):
         self.fault = fault
+        self.models = json.dumps({"object": "list", "data": [{"id": model, "object": "model"}]}).encode()
         self.posts = 0
         self.heads: list[bytes] = []
         self.url = ""
@@ -57,7 +58,7 @@ class FaultyServer:
                 path = head.split(b" ")[1]
                 if path.endswith(b"/models"):
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                                 b"Connection: close\r\n\r\n" % len(MODELS) + MODELS)
+                                 b"Connection: close\r\n\r\n" % len(self.models) + self.models)
                 else:
                     writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 await writer.drain()
@@ -131,5 +132,25 @@ def basic_auth_required(user: str, password: str):
         else:
             writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: 27\r\n"
                          b"Connection: close\r\n\r\n{\"error\": \"unauthorized\"}  ")
+        await writer.drain()
+    return fault
+
+
+HOSTILE = "\x1b[31mred\x1b]0;pwned\x07\x9b2J\u202etxt"  # CSI, OSC with BEL, a C1 CSI, a bidi override
+
+
+def hostile_answers():
+    """A fault: every other completion POST is a 500 whose error message carries terminal escapes; the others
+    stream an answer carrying the same."""
+    seen = [0]
+
+    async def fault(reader, writer, head) -> None:
+        seen[0] += 1
+        if seen[0] % 2:
+            body = json.dumps({"error": {"message": f"boom {HOSTILE}", "type": "x"}}).encode()
+            writer.write(b"HTTP/1.1 500 Oops\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                         b"Connection: close\r\n\r\n" % len(body) + body)
+        else:
+            writer.write(sse_answer(f"answer {HOSTILE}"))
         await writer.drain()
     return fault

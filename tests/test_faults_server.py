@@ -37,10 +37,11 @@ def send(url: str, deadlines: Deadlines | None = None):
     return asyncio.run(go())
 
 
-def run_bench(url: str, out: Path, *more: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float,
-                                                                                float]:
-    """`servelab bench` in a subprocess: its result, wall time and peak RSS in MB (its own, from wait4)."""
-    argv = [*SERVELAB, "bench", url, "--model", "m", "--tokenizer", "none", "--warmup", "0", "--out", str(out),
+def run_bench(url: str, out: Path, *more: str, timeout: float = 120, model: str = "m"
+              ) -> tuple[subprocess.CompletedProcess, float, float]:
+    """`servelab bench` in a subprocess: its result, wall time and peak RSS in MB (the largest any child reached,
+    from getrusage: an upper bound of its own)."""
+    argv = [*SERVELAB, "bench", url, "--model", model, "--tokenizer", "none", "--warmup", "0", "--out", str(out),
             *more]
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -231,3 +232,62 @@ def test_the_basic_header_is_built_from_the_url() -> None:
 
     assert basic_auth("http://127.0.0.1:8000") is None
     assert basic_auth("http://a%40b:p%3Aw@h:1/v1") == "Basic " + __import__("base64").b64encode(b"a@b:p:w").decode()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. Control bytes from the server reach no file written for people raw
+# ---------------------------------------------------------------------------------------------------------------
+
+RAW = ("\x1b", "\x07", "\x9b", "\u202e")
+
+
+def raw_controls(text: str) -> list[str]:
+    return [repr(c) for c in RAW if c in text]
+
+
+def test_escape_bytes_from_the_server_are_shown_not_written_raw(tmp_path: Path) -> None:
+    # Before: report.html held the server's ESC bytes raw (12 in one report), as did the CSV export.
+    from faulty_server import hostile_answers
+
+    from faulty_server import HOSTILE
+
+    with FaultyServer(hostile_answers(), model=f"model{HOSTILE}") as srv:
+        done, _, _ = run_bench(srv.url, tmp_path, "--mode", "single", "--requests", "4", model=f"model{HOSTILE}")
+    terminal = done.stdout + done.stderr
+    assert "boom" in terminal and raw_controls(terminal) == [], terminal[-2000:]
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    # the raw records keep what the server sent
+    assert any("\x1b[31m" in (r.error_detail or "") for r in read_records(run))
+    report = tmp_path / "report.html"
+    made = subprocess.run([*SERVELAB, "report", str(run), "-o", str(report), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    page = report.read_text(encoding="utf-8")
+    assert "answer \\x1b[31mred" in page  # the sample answers the report shows
+    assert raw_controls(page) == []
+    exported = subprocess.run([*SERVELAB, "export", str(run), "--format", "csv", "--to", str(tmp_path / "csv"),
+                               "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    csv_text = (tmp_path / "csv" / "records.csv").read_text(encoding="utf-8") + \
+        (tmp_path / "csv" / "levels.csv").read_text(encoding="utf-8")
+    assert "boom" in csv_text and "\\x1b[31mred" in csv_text
+    assert raw_controls(csv_text) == []
+
+
+def test_junit_shows_control_characters_as_escapes() -> None:
+    from faulty_server import HOSTILE
+    from servelab.records import CheckResult, VerifyResult
+    from servelab.verify.junit import junit_document
+
+    result = VerifyResult(url="http://127.0.0.1:1", model=f"m{HOSTILE}", checks=[
+        CheckResult(id="chat", title="chat", outcome="fail", reason=f"answered {HOSTILE}",
+                    response_excerpt=f"x{HOSTILE}")])
+    doc = junit_document([("s", result)]).decode("utf-8")
+    assert "answered \\x1b[31mred" in doc and "\\x9b2J" in doc and "\\u202etxt" in doc
+    assert raw_controls(doc) == []
+
+
+def test_visible_is_the_one_helper_and_keeps_lines() -> None:
+    from servelab.textsafe import visible
+
+    assert visible("a\x1b[2Jb\n\tc\r\x9b\u2066") == "a\\x1b[2Jb\n\tc\\x0d\\x9b\\u2066"

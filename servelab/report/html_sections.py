@@ -9,6 +9,7 @@ from servelab.compare.compare import Comparison, fmt_ratio
 from servelab.compare.sources import RunData
 from servelab.report.tables import human_bytes
 from servelab.report.terminal import COUNTED_BY_WORDS, figure_label, fmt, sent_cell
+from servelab.textsafe import visible
 
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise", "no interval": "warn",
                   "inconsistent": "warn", "contended": "warn", "too few trials": "warn", "different levels": "warn",
@@ -19,7 +20,8 @@ HEADLINE_KEYS = ["single.decode_tok_s", "single.output_tok_s", "single.ttft_ms",
 
 
 def e(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+    """HTML-escaped, with control characters shown as escapes (textsafe.visible): no raw ESC reaches the file."""
+    return html.escape(visible("" if value is None else str(value)), quote=True)
 
 
 def _table(head: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:

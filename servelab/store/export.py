@@ -24,6 +24,7 @@ from servelab.errors import UserError
 from servelab.records import RequestRecord, Summary
 from servelab.store.files import ensure_output_dir, output_file, write_output
 from servelab.store.rundir import read_records, records_file
+from servelab.textsafe import visible
 
 FORMATS = ("csv", "json", "vllm")  # vllm: one vllm-bench-serve-shaped JSON per level (store/export_vllm.py)
 
@@ -246,6 +247,8 @@ def _cell(value: Any) -> Any:
         return ""
     if isinstance(value, float):
         return repr(value)
+    if isinstance(value, str):
+        return visible(value)  # a server's text with its control characters shown, never raw (textsafe.py)
     return value
 
 

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from servelab.records import CheckResult, VerifyResult
+from servelab.textsafe import visible
 
 NOT_SELECTED = "not selected"  # verify/runner.py's reason for a check --only or --skip left out
 
@@ -37,8 +38,10 @@ _INVALID = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-
 
 
 def xml_text(value: object) -> str:
+    """Text XML 1.0 allows, with every control character (C0, DEL, C1, bidi) shown as an escape, as textsafe
+    shows it everywhere people read: a JUnit file printed in a terminal runs nothing."""
     return _INVALID.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
-                        str(value))
+                        visible(value))
 
 
 def _seconds(ms: float | None) -> str:
