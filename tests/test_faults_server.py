@@ -291,3 +291,33 @@ def test_visible_is_the_one_helper_and_keeps_lines() -> None:
     from servelab.textsafe import visible
 
     assert visible("a\x1b[2Jb\n\tc\r\x9b\u2066") == "a\\x1b[2Jb\n\tc\\x0d\\x9b\\u2066"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. A token count past any bound fails its request, whatever JSON number it is written as
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("count", ["1000000000000000000000000000000", "1e308", "1e30"])
+def test_an_out_of_bound_usage_count_is_a_parse_failure(count: str) -> None:
+    # Before: 10^30 and 1e308 parse as floats and were dropped silently: every request ok, exit 0.
+    events = ('data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n'
+              f'data: {{"choices":[],"usage":{{"prompt_tokens":1,"completion_tokens":{count}}}}}\n\n'
+              'data: [DONE]\n\n').encode()
+
+    async def fault(reader, writer, head) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n"
+                     % len(events) + events)
+        await writer.drain()
+    with FaultyServer(fault) as srv:
+        record = send(srv.url)
+    assert not record.ok and record.error_kind == "parse", (record.error_kind, record.error_detail)
+    assert "usage.completion_tokens" in record.error_detail and "not a plausible token count" in record.error_detail
+    assert len(record.error_detail) < 400
+
+
+def test_a_float_running_count_past_the_bound_fails_too() -> None:
+    from servelab.bench.chunks import read_chunk
+
+    view = read_chunk({"choices": [{"delta": {"content": "x"}}], "timings": {"predicted_n": 1e30}})
+    assert view.running_count == 10**30 or view.running_count == int(1e30)
+    assert read_chunk({"choices": [], "usage": {"completion_tokens": 7.0}}).usage.completion_tokens == 7

@@ -51,7 +51,15 @@ def parse_usage(obj: Any) -> Usage | None:
         return None
 
     def as_int(v: Any) -> int | None:
-        return v if isinstance(v, int) and not isinstance(v, bool) else None
+        if isinstance(v, bool):
+            return None
+        if isinstance(v, int):
+            return v
+        if isinstance(v, float) and v.is_integer():
+            # JSON has one number type: 10^30 and 1e308 arrive as floats. Kept as the count they claim, so the
+            # client's bound fails the request (docs/metrics.md: a parse failure), not dropped silently.
+            return int(v)
+        return None
 
     details = obj.get("completion_tokens_details") or {}
     prompt_details = obj.get("prompt_tokens_details") or {}
@@ -112,8 +120,11 @@ def read_chunk(obj: Any) -> ChunkView:
     running_count = cache_n = None
     timings = obj.get("timings")
     if isinstance(timings, dict):
-        if timings.get("predicted_n").__class__ is int:  # an int, not a bool
-            running_count = timings["predicted_n"]
+        predicted = timings.get("predicted_n")
+        if predicted.__class__ is int:  # an int, not a bool
+            running_count = predicted
+        elif predicted.__class__ is float and predicted.is_integer():  # 1e30: a count past any bound
+            running_count = int(predicted)
         if timings.get("cache_n").__class__ is int and timings["cache_n"] >= 0:
             cache_n = timings["cache_n"]
     if running_count is None and choices and usage is not None and usage.completion_tokens is not None:

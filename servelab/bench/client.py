@@ -132,7 +132,8 @@ class _StreamState:
 
     def _implausible(self, what: str, value: int) -> str:
         asked = f"max_tokens {self.max_tokens:,}" if self.max_tokens is not None else "no max_tokens"
-        return (f"the server's {what} ({value:,}) is not a plausible token count for a request with {asked} "
+        shown = f"{value:,}" if abs(value) < 10**19 else f"{float(value):.3g}"
+        return (f"the server's {what} ({shown}) is not a plausible token count for a request with {asked} "
                 f"(bound {self.max_count:,}); it was not used")
 
 
