@@ -368,7 +368,9 @@ def bench_cmd(
                            status="interrupted" if result.interrupted else "failed" if broken else "complete",
                            error="; ".join(broken) if broken else None)
         except (UserError, sqlite3.Error, OSError) as exc:
-            not_written.append(f"the run store {stored_in} could not be written: {exc}")
+            from servelab.store.db import store_write_failure  # a full disk called by its name (issue 27)
+
+            not_written.append(store_write_failure(stored_in, exc))
             stored_in = None
         not_written = rundir.write_errors + not_written
     if as_json:

@@ -321,3 +321,28 @@ def test_a_float_running_count_past_the_bound_fails_too() -> None:
     view = read_chunk({"choices": [{"delta": {"content": "x"}}], "timings": {"predicted_n": 1e30}})
     assert view.running_count == 10**30 or view.running_count == int(1e30)
     assert read_chunk({"choices": [], "usage": {"completion_tokens": 7.0}}).usage.completion_tokens == 7
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 6. A full disk is called a full disk, not a damaged store
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_a_full_disk_is_not_called_a_damaged_store(tmp_path: Path, monkeypatch) -> None:
+    import sqlite3
+
+    from servelab.errors import UserError
+    from servelab.store.db import Store, store_write_failure
+
+    def full(self) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(Store, "migrate", full)
+    with pytest.raises(UserError) as info:
+        Store.open(tmp_path / "servelab.db")
+    said = str(info.value)
+    assert "disk is full" in said and "damaged" not in said, said
+    line = store_write_failure(tmp_path / "servelab.db", info.value)
+    assert "the disk is full" in line and "damaged" not in line
+    raw = store_write_failure(tmp_path / "servelab.db", sqlite3.OperationalError("database or disk is full"))
+    assert "the disk is full" in raw and "damaged" not in raw
+    assert "disk is full" not in store_write_failure(tmp_path / "x.db", sqlite3.DatabaseError("malformed"))

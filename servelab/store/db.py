@@ -46,6 +46,32 @@ def os_error_words(exc: OSError) -> str:
     return f"{reason} ({name})" if name else reason
 
 
+SQLITE_FULL = 13  # "database or disk is full"
+
+
+def disk_full(exc: BaseException) -> bool:
+    """SQLite (or the OS) says the disk is full: a full disk, not a damaged store."""
+    if isinstance(exc, OSError):
+        return exc.errno == errno.ENOSPC
+    return getattr(exc, "sqlite_errorcode", None) == SQLITE_FULL or "disk is full" in str(exc)
+
+
+def store_hint(exc: BaseException, damaged: str) -> str:
+    """What to do about a store that failed: free space when the disk is full, else `damaged`."""
+    if disk_full(exc):
+        return ("the disk is full: free some space (the run directories keep every result written before it "
+                "filled) or point --store at another disk")
+    return damaged
+
+
+def store_write_failure(path: Path, exc: BaseException) -> str:
+    """One line for a run that could not be written into the store at `path`: a full disk called by its name."""
+    if disk_full(exc):
+        return (f"the run store {path} could not be written: the disk is full (free some space, or point --store "
+                f"at another disk; the run directory keeps every result written before it filled)")
+    return f"the run store {path} could not be written: {exc}"
+
+
 @lru_cache(maxsize=1)
 def expected_tables() -> frozenset[str]:
     """The tables a store of the latest schema has: every migration applied to an empty database."""
@@ -94,9 +120,10 @@ class Store:
             store.migrate()
         except sqlite3.DatabaseError as exc:
             db.close()
-            raise UserError(f"cannot use the run store {path}: {exc}",
-                            hint="a damaged store: move it aside (the run directories keep every result) or "
-                                 "point --store elsewhere") from None
+            what = "the disk is full" if disk_full(exc) else str(exc)
+            raise UserError(f"cannot use the run store {path}: {what}",
+                            hint=store_hint(exc, "a damaged store: move it aside (the run directories keep every "
+                                                 "result) or point --store elsewhere")) from None
         return store
 
     @classmethod
@@ -140,7 +167,7 @@ class Store:
         except sqlite3.DatabaseError as exc:
             store.close()
             raise UserError(f"cannot read the run store {path}: {exc}",
-                            hint="a damaged store: the run directories keep every result") from None
+                            hint=store_hint(exc, "a damaged store: the run directories keep every result")) from None
         return store
 
     def check(self) -> None:
@@ -152,6 +179,9 @@ class Store:
             problems = [row[0] for row in self.db.execute("PRAGMA quick_check").fetchall()]
             tables = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         except sqlite3.DatabaseError as exc:
+            if disk_full(exc):
+                raise UserError(f"cannot check the run store {self.path}: the disk is full",
+                                hint=store_hint(exc, hint)) from None
             raise UserError(f"the run store {self.path} is damaged: {exc}", hint=hint) from None
         if problems != ["ok"]:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
