@@ -153,6 +153,20 @@ def test_the_sdk_check_is_skipped_once_an_answer_went_past_the_bounds() -> None:
                                                   "went past verify's bounds (answer inflated past 16 MiB")
 
 
+@pytest.mark.parametrize("fault,expected", [
+    (gzip_bomb, "answer inflated past 16 MiB: a compressed body that never ends"),
+    (sse_line, "answer larger than 16 MiB: the rest was not read")])
+def test_the_sdk_check_alone_reads_through_the_same_bound(fault, expected: str) -> None:
+    # Before: the SDK's httpx inflated the whole body (1 GB here) and kept a plain answer whole.
+    pytest.importorskip("openai")
+    with FaultyServer(fault) as srv:
+        code, result, wall, peak_mb, stderr = run_verify(srv.url, "--timeout", "30", "--only", "openai_sdk")
+    sdk = reasons(result)["openai_sdk"]
+    assert code == 1 and sdk.startswith("plain: the SDK raised ") and expected in sdk, sdk
+    assert "Traceback" not in stderr and "asynchronous generator" not in stderr, stderr[-2000:]
+    assert peak_mb < 300, f"peak RSS {peak_mb:.0f} MB"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # A server that stopped answering
 # ---------------------------------------------------------------------------------------------------------------

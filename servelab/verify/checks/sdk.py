@@ -31,8 +31,11 @@ async def openai_sdk(ctx: CheckContext, evidence: Evidence) -> Verdict:
                                "temperature": 0, "max_tokens": SDK_MAX_TOKENS}
     evidence.request = request
     findings = Findings()
+    from servelab.verify.sdk_client import capped_client
+
+    # The SDK's own httpx, bounded like verify's reader (sdk_client.py) and never following a redirect.
     client = openai.AsyncOpenAI(base_url=ctx.base_url + "/v1", api_key=ctx.api_key or NO_KEY, max_retries=0,
-                                timeout=ctx.check_timeout_s)
+                                timeout=ctx.check_timeout_s, http_client=capped_client(ctx.check_timeout_s))
     async with client:
         try:
             completion = await client.chat.completions.create(**request)
@@ -46,11 +49,14 @@ async def openai_sdk(ctx: CheckContext, evidence: Evidence) -> Verdict:
             stream = await client.chat.completions.create(**request, stream=True,
                                                           stream_options={"include_usage": True})
             chunks, streamed, usage = 0, "", None
-            async for chunk in stream:
-                chunks += 1
-                usage = chunk.usage or usage
-                for choice in chunk.choices:
-                    streamed += choice.delta.content or ""
+            try:
+                async for chunk in stream:
+                    chunks += 1
+                    usage = chunk.usage or usage
+                    for choice in chunk.choices:
+                        streamed += choice.delta.content or ""
+            finally:  # a stream left half-read is closed now, not by the collector at exit (a warning on stderr)
+                await stream.close()
         except Exception as exc:  # noqa: BLE001
             findings.fail(f"streamed: the SDK raised {sdk_error(exc)}")
             return findings.verdict()
@@ -62,4 +68,14 @@ async def openai_sdk(ctx: CheckContext, evidence: Evidence) -> Verdict:
 
 def sdk_error(exc: Exception) -> str:
     message = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {message[:200]}" if message else type(exc).__name__
+    shown = f"{type(exc).__name__}: {message[:200]}" if message else type(exc).__name__
+    from servelab.verify.sdk_client import SDKOverflow
+
+    cause: BaseException | None = exc
+    for _ in range(8):  # the SDK wraps what its transport raised ("Connection error."): name the bound it hit
+        if cause is None or isinstance(cause, SDKOverflow):
+            break
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, SDKOverflow) and cause is not exc:
+        shown += f" ({cause})"
+    return shown
