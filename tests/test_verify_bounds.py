@@ -278,3 +278,18 @@ def test_a_malformed_reply_is_one_line_naming_what_the_server_sent(name: str) ->
 def test_huge_or_many_headers_are_named_by_their_bound(fault, expected: str) -> None:
     reason = chat_reason(fault)
     assert expected in reason and "400" not in reason, reason
+
+
+def test_url_credentials_and_the_api_key_still_reach_every_request() -> None:
+    # verify's requests no longer go through aiohttp, which set Basic auth from the URL by itself.
+    async def ok(reader, writer, head) -> None:
+        writer.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno")
+        await writer.drain()
+    with FaultyServer(ok) as srv:
+        url = srv.url.replace("http://", "http://alice:s%40cret@")
+        verify(url, model="m", only=["models", "chat"])
+        basic = [h for h in srv.heads if b"Authorization: Basic YWxpY2U6c0BjcmV0" in h]  # alice:s@cret
+        assert len(basic) == len(srv.heads) >= 2, srv.heads
+    with FaultyServer(ok) as srv:
+        verify(srv.url, model="m", only=["models", "chat"], api_key="k-123")
+        assert all(b"Authorization: Bearer k-123" in h for h in srv.heads) and len(srv.heads) >= 2
