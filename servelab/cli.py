@@ -350,61 +350,63 @@ def bench_cmd(
             if rundir is not None:
                 rundir.discard_if_empty()  # a set-up error leaves no empty run directory behind
             raise
-    broken = error_gate(result.levels, options.max_error_rate)
-    stored_in = None
-    not_written: list[str] = []  # a full or read-only disk, a failing store: said after the results, exit 2
-    if rundir:
-        rundir.close()
-        rundir.write_json("summary.json", result)  # first: the run directory never depends on the store
-        if csv:
-            try:
-                export_csv(rundir.iter_records(), result.levels, rundir.path)
-            except UserError as exc:  # store/files.py: the path and the errno
-                not_written.append(exc.message)
-        stored_in = store or default_store_path(out)
-        try:
-            with Store.open(stored_in) as db:  # listed by `servelab runs`, read by show, compare, report, export
-                save_bench(db, result, rundir.iter_records(), rundir.path, rundir.run_id,
-                           status="interrupted" if result.interrupted else "failed" if broken else "complete",
-                           error="; ".join(broken) if broken else None)
-        except (UserError, sqlite3.Error, OSError) as exc:
-            from servelab.store.db import store_write_failure  # a full disk called by its name (issue 27)
-
-            not_written.append(store_write_failure(stored_in, exc))
-            stored_in = None
-        not_written = rundir.write_errors + not_written
-    if as_json:
-        print(result.model_dump_json(indent=2))
-    else:
-        render_levels(console, result)
-        render_headline(console, result.headline)
-        for lv in result.levels:
-            if lv.slo is not None:
-                verdict = ", ".join(f"{k} {t['observed_ms']:.1f}" if t["observed_ms"] is not None else f"{k} inf"
-                                    for k, t in lv.slo["targets"].items())
-                judged = lv.slo.get("judged", True)
-                outcome = "met" if lv.slo["passed"] else "not met" if judged else "not judged"
-                console.print(f"  {lv.tag}: targets {outcome} ({verdict})"
-                              + ("" if judged else f": {lv.slo.get('reason')}"), highlight=False)
-        if result.search is not None:
-            s, goodput = result.search, result.headline.get("slo.goodput_req_s")
-            console.print(f"SLO search ({s['targets']}): highest {s['dimension']} that met them: {s.get('best')}"
-                          f", lowest that did not: {s.get('lowest_failing')}"
-                          + (f"; goodput there {goodput.value:.2f} req/s" if goodput and goodput.value else "")
-                          + f" ({s.get('stop_reason')})", highlight=False)
+    # The measurement is over: a further Ctrl-C waits until the results are written and printed (issue 27).
+    with interrupts.deferred() as held:
+        broken = error_gate(result.levels, options.max_error_rate)
+        stored_in = None
+        not_written: list[str] = []  # a full or read-only disk, a failing store: said after the results, exit 2
         if rundir:
-            console.print(f"written to {rundir.path}" + (f"; stored as run {rundir.run_id} in {stored_in}"
-                                                         if stored_in else ""), highlight=False)
-    for line in not_written:
-        err_console.print(f"error: {line}", markup=False, highlight=False)
-    if result.interrupted:
-        raise typer.Exit(interrupts.exit_code())
-    if not_written:
-        raise typer.Exit(2)
-    if broken:
-        for reason in broken:
-            err_console.print(f"error gate: {reason}", highlight=False, markup=False)
-        raise typer.Exit(1)
+            rundir.close()
+            rundir.write_json("summary.json", result)  # first: the run directory never depends on the store
+            if csv:
+                try:
+                    export_csv(rundir.iter_records(), result.levels, rundir.path)
+                except UserError as exc:  # store/files.py: the path and the errno
+                    not_written.append(exc.message)
+            stored_in = store or default_store_path(out)
+            try:
+                with Store.open(stored_in) as db:  # listed by `servelab runs`, read by show, compare, report, export
+                    save_bench(db, result, rundir.iter_records(), rundir.path, rundir.run_id,
+                               status="interrupted" if result.interrupted else "failed" if broken else "complete",
+                               error="; ".join(broken) if broken else None)
+            except (UserError, sqlite3.Error, OSError) as exc:
+                from servelab.store.db import store_write_failure  # a full disk called by its name (issue 27)
+
+                not_written.append(store_write_failure(stored_in, exc))
+                stored_in = None
+            not_written = rundir.write_errors + not_written
+        if as_json:
+            print(result.model_dump_json(indent=2))
+        else:
+            render_levels(console, result)
+            render_headline(console, result.headline)
+            for lv in result.levels:
+                if lv.slo is not None:
+                    verdict = ", ".join(f"{k} {t['observed_ms']:.1f}" if t["observed_ms"] is not None else f"{k} inf"
+                                        for k, t in lv.slo["targets"].items())
+                    judged = lv.slo.get("judged", True)
+                    outcome = "met" if lv.slo["passed"] else "not met" if judged else "not judged"
+                    console.print(f"  {lv.tag}: targets {outcome} ({verdict})"
+                                  + ("" if judged else f": {lv.slo.get('reason')}"), highlight=False)
+            if result.search is not None:
+                s, goodput = result.search, result.headline.get("slo.goodput_req_s")
+                console.print(f"SLO search ({s['targets']}): highest {s['dimension']} that met them: {s.get('best')}"
+                              f", lowest that did not: {s.get('lowest_failing')}"
+                              + (f"; goodput there {goodput.value:.2f} req/s" if goodput and goodput.value else "")
+                              + f" ({s.get('stop_reason')})", highlight=False)
+            if rundir:
+                console.print(f"written to {rundir.path}" + (f"; stored as run {rundir.run_id} in {stored_in}"
+                                                             if stored_in else ""), highlight=False)
+        for line in not_written:
+            err_console.print(f"error: {line}", markup=False, highlight=False)
+        if result.interrupted or held:
+            raise typer.Exit(interrupts.exit_code())
+        if not_written:
+            raise typer.Exit(2)
+        if broken:
+            for reason in broken:
+                err_console.print(f"error gate: {reason}", highlight=False, markup=False)
+            raise typer.Exit(1)
 
 
 StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="The run store (default: OUT/servelab.db, or "

@@ -10,12 +10,18 @@ Exit codes: 128 + the signal's number, as a shell reports a process killed by it
 143 after SIGTERM, 129 after SIGHUP. `up`, whose normal end is being stopped, exits 0 after any of the three once
 its engine was stopped cleanly. A second signal while stopping is a second Ctrl-C (the stop is hurried).
 A signal that was ignored when servelab started (`nohup` ignores SIGHUP) stays ignored.
+
+Once the measurement is over and its results are being written (`deferred()`), a further Ctrl-C, SIGTERM or SIGHUP
+is held until they are written and printed: a second Ctrl-C 0.1 s after the first no longer ends the command
+between the files and the `--json` result it prints (issue 27). The exit code still says it was interrupted.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -51,3 +57,30 @@ def exit_code() -> int:
     """The exit status of a run that was interrupted: 143 (SIGTERM), 129 (SIGHUP), else 130 (Ctrl-C)."""
     first = received()
     return 128 + int(first) if first is not None else 130
+
+
+@contextmanager
+def deferred() -> Iterator[list[int]]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP while the results are written and printed: the signals that arrive are
+    collected in the yielded list (the first stop signal is remembered for `exit_code`), not raised. Main thread
+    only; elsewhere nothing is held."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        held.append(signum)
+        if signum != signal.SIGINT and not _received:
+            _received.append(signum)
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *STOP_SIGNALS)}
+    for sig, handler in previous.items():
+        if handler != signal.SIG_IGN:
+            signal.signal(sig, hold)
+    try:
+        yield held
+    finally:
+        for sig, handler in previous.items():
+            if handler != signal.SIG_IGN and handler is not None:
+                signal.signal(sig, handler)

@@ -346,3 +346,32 @@ def test_a_full_disk_is_not_called_a_damaged_store(tmp_path: Path, monkeypatch) 
     raw = store_write_failure(tmp_path / "servelab.db", sqlite3.OperationalError("database or disk is full"))
     assert "the disk is full" in raw and "damaged" not in raw
     assert "disk is full" not in store_write_failure(tmp_path / "x.db", sqlite3.DatabaseError("malformed"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 7. A second Ctrl-C right after the first still prints the --json result
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gap_s", [0.05, 0.2])
+def test_a_second_ctrl_c_still_prints_the_json_result(tmp_path: Path, gap_s: float) -> None:
+    # Before: exit 130, everything on disk, nothing on stdout (the second SIGINT landed while the run was stored).
+    import signal
+
+    from servelab.calibration import Script, start_calibration_server
+
+    with start_calibration_server(Script(ttft_ms=5, itl_ms=200, output_tokens=50)) as cal:
+        proc = subprocess.Popen([*SERVELAB, "bench", cal.url, "--mode", "concurrency", "--concurrency", "4",
+                                 "--requests", "40", "--warmup", "0", "--tokenizer", "none", "--json", "--out",
+                                 str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(tmp_path.glob("*/records.jsonl*")):
+            time.sleep(0.1)
+        time.sleep(3)  # requests in flight
+        proc.send_signal(signal.SIGINT)
+        time.sleep(gap_s)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    result = json.loads(out)
+    assert result["interrupted"] is True and result["levels"]
+    assert list(tmp_path.glob("*/summary.json"))
