@@ -6,7 +6,10 @@ Each case runs the CLI in subprocesses (`python -m servelab.cli ...`, in a direc
 fault server: the calibration server with a scripted fault (`servelab.calibration`), a small aiohttp fake written
 here where a fault needs a shape the calibration server does not script (gzip bombs, keep-alive pings forever, a
 llama.cpp whose token count jumps to 10^18, a server that echoes the key, hostile model ids and answers), Python's
-own `http.server` (501 to every POST), launchers that double-fork a server, and the replay engine for launches.
+own `http.server` (501 to every POST), launchers that double-fork a server, the replay engine for launches, and
+(issue 27) raw asyncio servers from tests/faulty_server.py for what no HTTP library would send: a 256 MB header
+line, two million headers, a server that accepts and never answers, Basic auth required on every request, escape
+bytes in answers; those cases also bound peak RSS (RSS_BOUND_27_MB) besides their wall clock.
 Every case has a wall-clock bound; a case that reaches it is killed (its whole session) and counted as a hang.
 
 Printed: one row per fault (the issue's item, what was tried, survived or not, exit code, records lost, hung,
@@ -1632,6 +1635,171 @@ def report_xss(ctx: Ctx) -> Verdict:
                        (not live, f"live: {', '.join(sorted(set(live)))}"))
     return Verdict(ok, why or f"{carried} payloads shown as text, 0 live ({how})", ran.rc, None, len(live),
                    extra={"payloads_as_text": carried, "checked_in": how})
+
+
+# ---- issue 27: a server that floods, stalls or misbehaves (the raw servers of tests/faulty_server.py) -----------
+
+RSS_BOUND_27_MB = 300  # issue 27: bench stays under this whatever the server sends
+
+
+def faulty(ctx: Ctx, fault: Any, model: str = "m") -> Any:
+    """A loopback server whose completion POSTs get `fault`'s raw bytes (tests/faulty_server.py)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from faulty_server import FaultyServer
+
+    return ctx.server(FaultyServer(fault, model=model))
+
+
+def flood_case(ctx: Ctx, fault: Any) -> Verdict:
+    srv = faulty(ctx, fault)
+    ran = ctx.cli(*bench_args(srv.url, ctx, "--mode", "concurrency", "--concurrency", "8", "--requests", "8",
+                              model="m"))
+    kept, peak = records(ctx.dir), ran.peak_mb or 0
+    ok, why = crash_or(ran, (ran.rc == 1, f"exit {ran.rc}, expected 1"),
+                       (peak < RSS_BOUND_27_MB, f"peak RSS {peak:.0f} MB"),
+                       (bool(kept) and all(r.get("error_kind") == "parse" for r in kept), "not parse failures"))
+    detail = (kept[0].get("error_detail") or "")[:70] if kept else ""
+    return Verdict(ok, why or f"{len(kept)} parse failures ({detail}), peak RSS {peak:.0f} MB, "
+                   f"{ran.wall_s:.1f} s", ran.rc, lost(srv.posts, kept), extra={"peak_mb": peak})
+
+
+@case("27", "one 256 MB response header line, bench --concurrency 8 (was 1,020 MB RSS)", 60)
+def huge_header_27(ctx: Ctx) -> Verdict:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from faulty_server import huge_header_line
+    return flood_case(ctx, huge_header_line)
+
+
+@case("27", "two million response header lines, bench --concurrency 8 (was 1,474 MB RSS)", 60)
+def many_headers_27(ctx: Ctx) -> Verdict:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from faulty_server import many_headers
+    return flood_case(ctx, many_headers)
+
+
+STALL_DEADLINE_S = 5
+
+
+def stalled_case(ctx: Ctx, *mode: str) -> Verdict:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from faulty_server import never_answers
+
+    srv = faulty(ctx, never_answers)
+    ran = ctx.cli(*bench_args(srv.url, ctx, *mode, "--timeout-first-byte", str(STALL_DEADLINE_S), model="m"))
+    kept, peak = records(ctx.dir), ran.peak_mb or 0
+    bound = 2 * STALL_DEADLINE_S + 15  # two deadlines and the set-up
+    ok, why = crash_or(ran, (ran.rc == 1, f"exit {ran.rc}, expected 1"),
+                       ("stopped answering" in ran.text, "does not say the server stopped answering"),
+                       (ran.wall_s < bound, f"{ran.wall_s:.0f} s, bound {bound} s"),
+                       (peak < RSS_BOUND_27_MB, f"peak RSS {peak:.0f} MB"))
+    return Verdict(ok, why or f"ended after {len(kept)} requests in {ran.wall_s:.1f} s (deadline "
+                   f"{STALL_DEADLINE_S} s), exit 1, peak RSS {peak:.0f} MB", ran.rc, lost(srv.posts, kept),
+                   extra={"peak_mb": peak})
+
+
+@case("27", "accepts and never sends headers: bench --mode single --requests 4 (was 494 s)", 40)
+def stalled_single_27(ctx: Ctx) -> Verdict:
+    return stalled_case(ctx, "--mode", "single", "--requests", "4")
+
+
+@case("27", "accepts and never sends headers: bench --concurrency 8 --requests 32 (was 375 s)", 40)
+def stalled_concurrency_27(ctx: Ctx) -> Verdict:
+    return stalled_case(ctx, "--mode", "concurrency", "--concurrency", "8", "--requests", "32")
+
+
+@case("27", "Basic auth in the URL, required on every request (was 4 x HTTP 401)", 40)
+def basic_auth_27(ctx: Ctx) -> Verdict:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from faulty_server import basic_auth_required
+
+    srv = faulty(ctx, basic_auth_required("alice", PLAIN))
+    url = srv.url.replace("http://", f"http://alice:{PLAIN}@")
+    ran = ctx.cli(*bench_args(url, ctx, "--mode", "single", "--requests", "4", model="m"))
+    kept = records(ctx.dir)
+    ok, why = crash_or(ran, (ran.rc == 0, f"exit {ran.rc}, expected 0"),
+                       (len(kept) == 4 and all(r.get("ok") for r in kept), "not 4 ok"))
+    return Verdict(ok, why or f"{sum(bool(r.get('ok')) for r in kept)}/4 ok with the URL's credentials",
+                   ran.rc, lost(srv.posts, kept))
+
+
+@case("27", "escape bytes in answers, error bodies and the model id: terminal, report.html, CSV", 90)
+def escapes_27(ctx: Ctx) -> Verdict:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from faulty_server import HOSTILE, hostile_answers
+
+    model = f"model{HOSTILE}"
+    srv = faulty(ctx, hostile_answers(), model=model)
+    ran = ctx.cli(*bench_args(srv.url, ctx, "--mode", "single", "--requests", "4", model=model))
+    runs = [p for p in (ctx.dir / "runs").iterdir() if p.is_dir()] if (ctx.dir / "runs").exists() else []
+    if not runs:
+        return Verdict(False, f"no run directory (exit {ran.rc}): {one_line(ran)[:100]}", ran.rc)
+    report = ctx.dir / "report.html"
+    made = ctx.cli("report", str(runs[0]), "-o", str(report), "--out", str(ctx.dir / "runs"))
+    exported = ctx.cli("export", str(runs[0]), "--format", "csv", "--to", str(ctx.dir / "csv"), "--out",
+                       str(ctx.dir / "runs"))
+    raw = ("\x1b", "\x07", "\x9b", "\u202e")
+    places = {"terminal": ran.text + made.text + exported.text}
+    for path in [report, *sorted((ctx.dir / "csv").glob("*.csv"))]:
+        places[path.name] = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+    dirty = [f"{name}: {sum(text.count(c) for c in raw)}" for name, text in places.items()
+             if any(c in text for c in raw)]
+    ok, why = crash_or(ran, (ran.rc in (0, 1), f"exit {ran.rc}, expected 0 or 1 (half the requests are 500s)"),
+                       (made.rc == 0 and exported.rc == 0, f"report exit {made.rc}, export exit {exported.rc}"),
+                       (not dirty, f"raw control bytes in {', '.join(dirty)}"))
+    return Verdict(ok, why or "no raw control byte in the terminal, report.html or the CSVs (shown as \\x1b)",
+                   ran.rc, lost(srv.posts, records(ctx.dir)))
+
+
+def huge_count_case(ctx: Ctx, count: str) -> Verdict:
+    frame = f'data: {{"choices":[],"usage":{{"prompt_tokens":1,"completion_tokens":{count}}}}}\n\n'
+    return bench_fault(ctx, {"raw_frame": frame, "raw_frame_after_events": 99}, check=kinds_are("parse"))
+
+
+@case("27", "usage.completion_tokens = 10^30 (was dropped silently, exit 0)")
+def usage_10_30(ctx: Ctx) -> Verdict:
+    return huge_count_case(ctx, "1" + "0" * 30)
+
+
+@case("27", "usage.completion_tokens = 1e308 (was dropped silently, exit 0)")
+def usage_1e308(ctx: Ctx) -> Verdict:
+    return huge_count_case(ctx, "1e308")
+
+
+@case("27", "disk fills with the store on it (64 kB tmpfs --out): called a full disk", 60)
+def disk_full_store_27(ctx: Ctx) -> Verdict:
+    if (skip := no_mounts()) is not None:
+        return skip
+    cal = ctx.server(calibration(ttft_ms=2, itl_ms=1, output_tokens=40))
+    full, kept_dir = ctx.dir / "full", ctx.dir / "kept"
+    ran = in_namespace(ctx, f'mkdir -p "{full}"; mount -t tmpfs -o size=64k tmpfs "{full}"',
+                       ["bench", cal.url, "--model", "calibration", "--warmup", "0", "--tokenizer", "none",
+                        "--mode", "concurrency", "--concurrency", "8", "--requests", "32", "--out", str(full)],
+                       keep=kept_dir, mounted=full)
+    ok, why = crash_or(ran, (ran.rc == 2, f"exit {ran.rc}"), ("disk is full" in ran.err, "the full disk not named"),
+                       ("damaged" not in ran.err, f"called damaged: {one_line(ran)[:100]}"))
+    return Verdict(ok, why or f"exit 2: {one_line(ran)[:100]}", ran.rc, lost(received(cal.url), records(kept_dir)))
+
+
+@case("27", "a second Ctrl-C 0.1 s after the first, bench --json (was: no JSON printed)", 60)
+def double_ctrl_c_27(ctx: Ctx) -> Verdict:
+    cal = ctx.server(calibration(**SLOW))
+    run = ctx.spawn(*bench_args(cal.url, ctx, "--mode", "concurrency", "--concurrency", "3", "--duration", "60",
+                                "--json"))
+    if not wait_streaming(cal.url, run, 3, 9):
+        ran = run.finish(1)
+        return Verdict(False, f"never streaming (exit {ran.rc}): {one_line(ran)[:100]}", ran.rc)
+    run.signal(signal.SIGINT)
+    time.sleep(0.1)
+    run.signal(signal.SIGINT)
+    ran = run.finish(30)
+    try:
+        printed = json.loads(ran.out).get("interrupted") is True
+    except ValueError:
+        printed = False
+    sent, kept = received(cal.url), records(ctx.dir)
+    ok, why = crash_or(ran, (ran.rc == 130, f"exit {ran.rc}, expected 130"), (printed, "no --json result printed"))
+    return Verdict(ok, why or f"exit 130, the --json result printed, {len(kept)}/{sent} recorded", ran.rc,
+                   lost(sent, kept))
 
 
 # ---------------------------------------------------------------------------------------------------------------
