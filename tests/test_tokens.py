@@ -61,3 +61,31 @@ def test_read_chunk_shapes() -> None:
     assert v.usage.reasoning_tokens == 4
     t = read_chunk({"choices": [{"delta": {"content": "x"}, "index": 0}], "timings": {"predicted_n": 9}})
     assert t.running_count == 9
+
+
+def test_a_tokenize_probe_that_never_answers_means_no_tokenizer_within_its_timeout() -> None:
+    # A server that accepts and never answers (a stalled engine): before, the probe waited aiohttp's default
+    # 300 s, so a `run` cell without `tokenizer: none` hung five minutes before its first request.
+    import asyncio
+    import time
+
+    import aiohttp
+
+    from servelab.bench.tokenizer import PROBE_TIMEOUT_S, probe_server_tokenizer
+
+    async def main() -> tuple[bool, float]:
+        async def silent(reader, writer):
+            await reader.read(65536)
+            await asyncio.sleep(30)
+            writer.close()
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server, aiohttp.ClientSession() as session:
+            started = time.monotonic()
+            found = await probe_server_tokenizer(session, f"http://127.0.0.1:{port}", timeout_s=0.5)
+            return found, time.monotonic() - started
+
+    found, took = asyncio.run(main())
+    assert found is False and took < 3, took
+    assert PROBE_TIMEOUT_S <= 10

@@ -16,6 +16,8 @@ request stopped on EOS; metrics knows this and does not flag it.
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import re
 from collections.abc import Sequence
@@ -117,13 +119,18 @@ def _ends_from_pieces(text: str, tokens: list) -> list[int]:
     return [min(e, len(text)) for e in ends]
 
 
-async def probe_server_tokenizer(session: aiohttp.ClientSession, base_url: str) -> bool:
-    """Whether the server offers llama.cpp's /tokenize with pieces."""
+PROBE_TIMEOUT_S = 10.0  # a server that never answers the probe is one without the endpoint, not a reason to wait
+
+
+async def probe_server_tokenizer(session: aiohttp.ClientSession, base_url: str,
+                                 timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the server offers llama.cpp's /tokenize with pieces (no answer within `timeout_s`: it does not)."""
     try:
-        async with session.post(base_url + "/tokenize", json={"content": "a b", "with_pieces": True}) as resp:
-            if resp.status != 200:
-                return False
-            body = json.loads(await resp.read())
+        async with asyncio.timeout(timeout_s):
+            async with session.post(base_url + "/tokenize", json={"content": "a b", "with_pieces": True}) as resp:
+                if resp.status != 200:
+                    return False
+                body = json.loads(await resp.read())
     except (aiohttp.ClientError, ValueError, TimeoutError):
         return False
     tokens = body.get("tokens") if isinstance(body, dict) else None
