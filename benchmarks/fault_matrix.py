@@ -1802,6 +1802,103 @@ def double_ctrl_c_27(ctx: Ctx) -> Verdict:
                    lost(sent, kept))
 
 
+# ---- issue 27, verify: the same floods and stalls through `servelab verify` (tests/test_verify_bounds.py's faults)
+
+def verify_faults() -> Any:
+    sys.path.insert(0, str(ROOT / "tests"))
+    import test_verify_bounds
+
+    return test_verify_bounds
+
+
+def verify_flood_case(ctx: Ctx, fault_name: str, expected: str) -> Verdict:
+    """`servelab verify` against a server whose every completion answer is `fault_name`: exit 1, peak RSS under the
+    bound, and a check's reason naming the bound it hit."""
+    srv = faulty(ctx, getattr(verify_faults(), fault_name))
+    ran = ctx.cli("verify", srv.url, "--model", "m", "--json")
+    peak = ran.peak_mb or 0
+    try:
+        checks = json.loads(ran.out).get("checks", [])
+    except ValueError:
+        checks = []
+    named = [c["id"] for c in checks if expected in (c.get("reason") or "")]
+    ok, why = crash_or(ran, (ran.rc == 1, f"exit {ran.rc}, expected 1"),
+                       (peak < RSS_BOUND_27_MB, f"peak RSS {peak:.0f} MB"),
+                       (bool(named), f"no check's reason says {expected!r}"))
+    which = ", ".join(named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
+    return Verdict(ok, why or f"{which}: {expected!r}; peak RSS {peak:.0f} MB, {ran.wall_s:.1f} s",
+                   ran.rc, None, extra={"peak_mb": peak})
+
+
+@case("27", "verify: a gzip answer inflating to 1 GB (was 5.2 GB RSS)", 120)
+def verify_gzip_bomb_27(ctx: Ctx) -> Verdict:
+    return verify_flood_case(ctx, "gzip_bomb", "answer inflated past 16 MiB")
+
+
+@case("27", "verify: the same 1 GB gzip bomb with HTTP 500 (was 8.3 GB RSS)", 120)
+def verify_gzip_bomb_500_27(ctx: Ctx) -> Verdict:
+    return verify_flood_case(ctx, "bomb_with_500", "answer inflated past 16 MiB")
+
+
+@case("27", "verify: one 32 MB SSE line (was 766 MB RSS)", 120)
+def verify_sse_line_27(ctx: Ctx) -> Verdict:
+    return verify_flood_case(ctx, "sse_line", "grew past 1 MiB without its end")
+
+
+@case("27", "verify: a 64 MB line without a newline (was 450 MB RSS)", 120)
+def verify_endless_line_27(ctx: Ctx) -> Verdict:
+    return verify_flood_case(ctx, "line_without_newline", "grew past 1 MiB without its end")
+
+
+@case("27", "verify: a stream of many tiny events (was 472 MB RSS)", 120)
+def verify_tiny_events_27(ctx: Ctx) -> Verdict:
+    return verify_flood_case(ctx, "tiny_events", "more than 100,000 events")
+
+
+@case("27", "verify: one 256 MB response header line", 120)
+def verify_huge_header_27(ctx: Ctx) -> Verdict:
+    return verify_flood_case(ctx, "huge_header_line", "the response headers grew past 64 KiB")
+
+
+@case("27", "verify: two million response header lines", 120)
+def verify_many_headers_27(ctx: Ctx) -> Verdict:
+    return verify_flood_case(ctx, "many_headers", "more than 128 headers")
+
+
+@case("27", "verify: accepts and never sends headers, --timeout 3 (was 442 s: 18 checks, each its deadline)", 40)
+def verify_stalled_27(ctx: Ctx) -> Verdict:
+    srv = faulty(ctx, getattr(verify_faults(), "never_answers"))
+    ran = ctx.cli("verify", srv.url, "--model", "m", "--json", "--timeout", "3")
+    bound = 4 * 3 + 10  # two deadlines (each check's), the models check and the start
+    ok, why = crash_or(ran, (ran.rc == 1, f"exit {ran.rc}, expected 1"),
+                       ("stopped answering" in ran.out, "does not say the server stopped answering"),
+                       (ran.wall_s < bound, f"{ran.wall_s:.0f} s, bound {bound} s"))
+    return Verdict(ok, why or f"stopped after two deadlines, {ran.wall_s:.1f} s, exit 1", ran.rc, None)
+
+
+@case("27", "verify: a first token, then only keep-alive comments, --timeout 3", 40)
+def verify_pings_27(ctx: Ctx) -> Verdict:
+    srv = faulty(ctx, getattr(verify_faults(), "token_then_pings"))
+    ran = ctx.cli("verify", srv.url, "--model", "m", "--json", "--timeout", "3")
+    bound = 6 * 3 + 10  # the plain checks answer nothing either: a few deadlines, never one per check
+    ok, why = crash_or(ran, (ran.rc == 1, f"exit {ran.rc}, expected 1"),
+                       ("stopped answering" in ran.out, "does not say the server stopped answering"),
+                       (ran.wall_s < bound, f"{ran.wall_s:.0f} s, bound {bound} s"))
+    return Verdict(ok, why or f"stopped after two deadlines, {ran.wall_s:.1f} s, exit 1", ran.rc, None)
+
+
+@case("27", "verify: HTTP 302 on the chat POST (was followed as a GET, reported as a 404)", 60)
+def verify_redirect_27(ctx: Ctx) -> Verdict:
+    fault = verify_faults().raw_answer(b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n"
+                                       b"Connection: close\r\n\r\n")
+    srv = faulty(ctx, fault)
+    ran = ctx.cli("verify", srv.url, "--model", "m", "--json", "--only", "chat")
+    followed = any(h.startswith(b"GET /elsewhere") for h in srv.heads)
+    ok, why = crash_or(ran, (ran.rc == 1, f"exit {ran.rc}, expected 1"), (not followed, "the redirect was followed"),
+                       ("does not follow redirects" in ran.out, "the redirect is not named"))
+    return Verdict(ok, why or "named, not followed, exit 1", ran.rc, None)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Running and reporting
 # ---------------------------------------------------------------------------------------------------------------
