@@ -256,3 +256,18 @@ def test_an_export_to_a_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_p
         assert line.startswith("error: cannot create the export directory ") and "a-file" in line, line
     proc = cli("export", str(base), "--to", str(tmp_path / "x"), cwd=tmp_path)  # and where it can, it writes
     assert proc.returncode == 0 and (tmp_path / "x" / "records.csv").is_file(), proc.stderr
+
+
+def test_a_tokenizer_that_recounted_nothing_is_no_workload_difference() -> None:
+    # llama.cpp offers /tokenize and vLLM does not: their workloads name different tokenizers, but where every
+    # token was counted by the server per chunk, neither tokenizer counted anything.
+    def with_tokenizer(name: str, tokenizer: str | None):
+        data = run(name)
+        for bench in data.benches:
+            bench.workload["tokenizer"] = tokenizer
+        return data
+
+    base, other = with_tokenizer("base", "server:llama.cpp /tokenize"), with_tokenizer("other", None)
+    assert not any("workloads differ" in w for w in compare_runs([base, other]).warnings)
+    other.records[0].count_method = "chunk_count"  # one request recounted: the tokenizer now matters
+    assert any("workloads differ" in w and "tokenizer" in w for w in compare_runs([base, other]).warnings)

@@ -134,9 +134,8 @@ def test_both_benches_count_every_token_by_the_server_and_compare_cell_by_cell(e
         assert llama.value and vllm.value, (key, llama, vllm)
         assert rows[key].ratios[1].ratio == pytest.approx(vllm.value / llama.value)
         assert rows[key].ratios[1].verdict != "missing"
-    # Like for like: the same token counting on both sides, and the same workload. The one difference named is
-    # the client-side tokenizer bench found (llama.cpp's /tokenize; none on vLLM), which counts only tokens a
-    # server did not, and here the servers counted every one.
+    # Like for like: the same token counting on both sides, and the same workload. The client-side tokenizers
+    # differ (llama.cpp's /tokenize; none on vLLM), but they count only tokens a server did not, and here the
+    # servers counted every one: no difference to warn about.
     assert not [w for w in comparison.warnings if "tokens counted by" in w], comparison.warnings
-    differ = [w for w in comparison.warnings if "workloads differ" in w]
-    assert all(w.split(": ", 1)[1].startswith("tokenizer ") and ";" not in w for w in differ), differ
+    assert not [w for w in comparison.warnings if "workloads differ" in w], comparison.warnings

@@ -28,6 +28,12 @@ def workload_of(run: RunData) -> dict[str, Any]:
     return merged
 
 
+def uses_tokenizer(run: RunData) -> bool:
+    """Whether any of the run's tokens were counted by its tokenizer (`workload.tokenizer` recounts only what a
+    server did not count per chunk); a run without records to tell by is taken to use it."""
+    return not run.records or any(r.count_method != "server_per_chunk" for r in run.records if r.ok)
+
+
 def comparability_warnings(baseline: RunData, others: list[RunData]) -> list[str]:
     warnings: list[str] = []
     for run in [baseline, *others]:
@@ -43,8 +49,10 @@ def comparability_warnings(baseline: RunData, others: list[RunData]) -> list[str
         if run.literal or baseline.literal or run.peer is not None or baseline.peer is not None:
             continue  # nothing recorded to check against (a peer's workload is in its own terms: compare.py)
         theirs = workload_of(run)
+        ignored = set() if uses_tokenizer(baseline) or uses_tokenizer(run) else {"tokenizer"}
         diffs = [f"{key} {base_workload.get(key)!r} vs {theirs.get(key)!r}"
-                 for key in sorted(set(base_workload) | set(theirs)) if base_workload.get(key) != theirs.get(key)]
+                 for key in sorted(set(base_workload) | set(theirs))
+                 if base_workload.get(key) != theirs.get(key) and key not in ignored]
         if diffs:
             warnings.append(f"workloads differ between {baseline.name} and {run.name}: " + "; ".join(diffs))
         for key in COUNTED:
