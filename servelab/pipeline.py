@@ -65,6 +65,14 @@ class CellPlan:
     stop_when_contended_s: float | None = None
 
 
+def in_series(workload, series: str):
+    """The workload with its prompts numbered for one bench (trial and step) where it numbers them (the default
+    stories): a server that answered trial 1 would otherwise find trial 2's prompts in its prefix cache."""
+    if dataclasses.is_dataclass(workload) and any(f.name == "series" for f in dataclasses.fields(workload)):
+        return dataclasses.replace(workload, series=series)
+    return workload
+
+
 class CellSession:
     """One cell's run directory and server across its trials. `start()` brings the server up (and verifies it
     the first time), `bench_trial()` runs one trial, `stop()` stops the server (it can be started again),
@@ -153,7 +161,8 @@ class CellSession:
                     continue
                 opts = dataclasses.replace(base, model=base.model or self.served_model, trial=index,
                                            engine_pids=[self.engine.pid] if self.engine else [],
-                                           stop_when_contended_s=self.plan.stop_when_contended_s)
+                                           stop_when_contended_s=self.plan.stop_when_contended_s,
+                                           workload=in_series(base.workload, f"t{index}{name[0]}"))
                 if name == "sweep" and self._sweep_levels:
                     opts.sweep_levels = list(self._sweep_levels)  # every trial runs the first trial's levels
                 if not many:

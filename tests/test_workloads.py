@@ -263,3 +263,21 @@ def test_describe_tells_two_runs_apart() -> None:
     b = prepared(SyntheticWorkload(parse_length("uniform:32..96"), seed=2)).describe(True)
     assert a != b and a["input_tokens"] == "64" and b["input_tokens"] == "uniform:32..96"
     json.dumps(a)  # plain data: it goes into summary.json
+
+
+def test_each_bench_of_a_cell_sends_prompts_no_earlier_bench_sent() -> None:
+    # An experiment benches one server again and again (trials, then the sweep after the single-stream step):
+    # with the same prompts, trial 2's TTFT was a prefix-cache hit on trial 1's (58-61 of ~60 prompt tokens
+    # cached, 13-42 ms against 123-521 ms). The series numbers each bench's prompts apart; cells of one round
+    # share theirs, so both servers answer the same prompts.
+    from servelab.bench.workloads.stories import Workload as Stories
+    from servelab.pipeline import in_series
+
+    def prompts(series: str) -> set[str]:
+        w = in_series(Stories(), series)
+        return {w.request(i, "m").body["messages"][-1]["content"] for i in range(20)}
+
+    benches = [prompts(f"t{t}{step}") for t in range(3) for step in "sw"]
+    assert all(not (a & b) for i, a in enumerate(benches) for b in benches[i + 1:])
+    assert prompts("t1w") == prompts("t1w")  # the same bench of another cell: the same prompts
+    assert in_series(Stories(), "t0s").describe(True) == Stories().describe(True)  # the workload is the same

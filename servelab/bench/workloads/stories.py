@@ -1,7 +1,10 @@
 """The default workload: chat requests with distinct story prompts, greedy, a fixed output length.
 
-A unique opening line defeats prefix caching, which would otherwise turn every TTFT after the first into a
-cache hit; `ignore_eos` (where the engine accepts it) makes every request generate exactly `max_tokens` tokens.
+A unique opening line defeats prefix caching of the prompt itself (the chat template's system prompt is shared
+and may still be cached), which would otherwise turn every TTFT after the first into a cache hit. Within a bench
+the request number makes it unique; across benches against one server (an experiment's trials, the sweep after
+the single-stream step) `series` does: without it trial 2 resent trial 1's prompts, whose TTFT was then a cache
+hit. `ignore_eos` (where the engine accepts it) makes every request generate exactly `max_tokens` tokens.
 Prompt lengths are not controlled (~25 words); use SyntheticWorkload for exact input lengths.
 """
 
@@ -28,6 +31,9 @@ class Workload:
     max_tokens: int = 128
     temperature: float = 0.0
     ignore_eos: bool = True  # asks for exactly max_tokens tokens; sent only to engines that accept it
+    # Numbers the prompts of one bench apart from another's on the same server (pipeline: trial and step, the same
+    # for every cell of a round, so cells see the same prompts); "": the plain request number.
+    series: str = ""
 
     kind = "stories"
 
@@ -37,7 +43,8 @@ class Workload:
     def request(self, index: int, model: str, *, tag: str = "", warmup: bool = False,
                 accepts_ignore_eos: bool = False, accepts_min_tokens: bool = False) -> RequestSpec:
         topic = _TOPICS[index % len(_TOPICS)]
-        prompt = (f"Story number {index}. Write a long, detailed story about {topic}. "
+        number = f"{self.series}-{index}" if self.series else str(index)
+        prompt = (f"Story number {number}. Write a long, detailed story about {topic}. "
                   f"Describe every scene carefully. Once upon a time,")
         output = OutputSpec(max_tokens=self.max_tokens, ignore_eos=self.ignore_eos, temperature=self.temperature)
         body = build_body(model, self.endpoint, prompt, output, accepts_ignore_eos=accepts_ignore_eos)
@@ -45,6 +52,7 @@ class Workload:
 
     def describe(self, accepts_ignore_eos: bool, accepts_min_tokens: bool = False) -> dict[str, Any]:
         d = asdict(self)
+        d.pop("series")  # which bench of a run, not what the workload is
         d["ignore_eos"] = self.ignore_eos and accepts_ignore_eos
         d["prompts"] = "synthetic: distinct story prompts (~25 words), chat template applied by the server"
         return d
