@@ -65,15 +65,25 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     return ip
 
 
+def _host_text(host: Any) -> str | None:
+    """`host` as text ("" for none); None when it is neither text nor bytes."""
+    if host is None:
+        return ""
+    if isinstance(host, bytes):
+        return host.decode("ascii", "replace")
+    return host if isinstance(host, str) else None
+
+
+def _local_name(host: str) -> bool:
+    return host == "" or host.lower().rstrip(".") in LOCAL_NAMES
+
+
 def is_local_address(host: Any) -> bool:
     """Whether a connection to `host` (an address, or a name) stays on this machine without a lookup."""
+    host = _host_text(host)
     if host is None:
-        return True
-    if isinstance(host, bytes):
-        host = host.decode("ascii", "replace")
-    if not isinstance(host, str):
         return False
-    if host == "" or host.lower().rstrip(".") in LOCAL_NAMES:
+    if _local_name(host):
         return True
     ip = _ip(host)
     if ip is None:
@@ -84,13 +94,8 @@ def is_local_address(host: Any) -> bool:
 def is_local_lookup(host: Any) -> bool:
     """Whether looking `host` up sends no query off this machine: no host, `localhost`, or a numeric address
     (getaddrinfo answers those itself; a connection to a numeric address is checked when it is made)."""
-    if host is None:
-        return True
-    if isinstance(host, bytes):
-        host = host.decode("ascii", "replace")
-    if not isinstance(host, str):
-        return False
-    return host == "" or host.lower().rstrip(".") in LOCAL_NAMES or _ip(host) is not None
+    host = _host_text(host)
+    return host is not None and (_local_name(host) or _ip(host) is not None)
 
 
 def _where(address: Any) -> str:
