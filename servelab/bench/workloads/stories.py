@@ -31,8 +31,9 @@ class Workload:
     max_tokens: int = 128
     temperature: float = 0.0
     ignore_eos: bool = True  # asks for exactly max_tokens tokens; sent only to engines that accept it
-    # Numbers the prompts of one bench apart from another's on the same server (pipeline: trial and step, the same
-    # for every cell of a round, so cells see the same prompts); "": the plain request number.
+    # Numbers the prompts of one bench apart from another's on the same server (pipeline: the trial's index and
+    # the step, the same for every cell of a round, so cells see the same prompts; a rerun of a contended trial
+    # has an index of its own, so it never resends the prompts its server already answered); "": the plain number.
     series: str = ""
 
     kind = "stories"
