@@ -709,8 +709,9 @@ def report_cmd(
 
 
 def main() -> None:
-    # A closed pipe (servelab … | head) is not an error worth a traceback.
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # SIGPIPE stays ignored (Python's default): set to SIG_DFL it would also kill servelab, silently and with every
+    # result in memory lost, the moment an engine closes a connection servelab is still writing a request to.
+    # A closed standard output (servelab … | head) is handled by click: a quiet exit 1, no traceback.
     interrupts.install()  # SIGTERM and SIGHUP stop servelab as Ctrl-C does
     try:
         app()

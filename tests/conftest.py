@@ -20,6 +20,16 @@ from servelab.models import resolve_model
 pytest_plugins = ["loopback_guard"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # CI may start the suite as a background job, which ignores SIGINT (nohup ignores SIGHUP). An ignored signal
+    # stays ignored across exec, so every servelab a Ctrl-C test starts would ignore the test's SIGINT too.
+    # A handler (unlike SIG_IGN) is reset to the default at exec: the children see SIGINT as a terminal sends it.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
