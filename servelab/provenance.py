@@ -161,7 +161,7 @@ def build_provenance(*, engine: str | None = None, engine_version: str | None = 
     """A Provenance stamped with the time (now, unless `started_at` says when it began), servelab's version and
     revision, the host, and how busy the host was (a short look: `engine_pids`' trees, when the engine runs, are
     not counted as other load). Command and environment are redacted here, so no caller can forget to."""
-    from servelab.bench.environment import host_load  # the bench package imports this module's neighbours
+    from servelab.host.environment import host_load  # the bench package imports this module's neighbours
 
     return Provenance(
         started_at=started_at or utc_now_iso(),

@@ -213,7 +213,7 @@ class TopProcess(BaseModel):
 
 
 class EnvironmentSummary(BaseModel):
-    """What the machine did while one load level ran (bench/environment.py; docs/metrics.md#environment).
+    """What the machine did while one load level ran (host/environment.py; docs/metrics.md#environment).
 
     CPU is in cores (1.0 = one logical CPU busy for the whole level), split into this servelab process (the
     client's own load: its headroom), the engine's process tree when known, and everything else on the host.

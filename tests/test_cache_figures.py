@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from servelab.bench.cache_figures import CacheRow, cache_figures
-from servelab.bench.chunks import read_chunk
+from servelab.protocol.chunks import read_chunk
 from servelab.bench.options import BenchArgs, build_options
 from servelab.bench.runner import bench
 from tests.openai_fake import serving

@@ -1,4 +1,4 @@
-"""The environment sampler (bench/environment.py): real busy processes, the engine's tree, the client's own CPU,
+"""The environment sampler (host/environment.py): real busy processes, the engine's tree, the client's own CPU,
 the contention rule on hand-made numbers, the port -> pid lookup, and how the result is stored and shown.
 
 The machine these tests run on may be busy with other work: every assertion about "quiet" compares a reading
@@ -16,7 +16,7 @@ import time
 import pytest
 from rich.console import Console
 
-from servelab.bench.environment import (CLIENT_CORES_LIMIT, OTHER_CORES_LIMIT, STEAL_PCT_LIMIT,
+from servelab.host.environment import (CLIENT_CORES_LIMIT, OTHER_CORES_LIMIT, STEAL_PCT_LIMIT,
                                         EnvironmentSampler, HostTimes, Reading, contention_reasons,
                                         contention_warning, host_load, is_local_host, listening_pids,
                                         summarize_readings)

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from servelab.bench import environment as environment_module
+from servelab.host import environment as environment_module
 from servelab.bench.client import ClientOptions, Deadlines, RequestSpec, StreamClient, parse_retry_after
 from servelab.bench.failures import error_gate
 from servelab.bench.loads import Recorder, Target, run_concurrency
@@ -37,7 +37,7 @@ from servelab.bench.loads.control import LevelControl
 from servelab.bench.metrics import summarize
 from servelab.bench.options import BenchArgs, build_options
 from servelab.bench.runner import bench
-from servelab.bench.sse import SSEDecodeError, SSEParser
+from servelab.protocol.sse import SSEDecodeError, SSEParser
 from servelab.bench.steady import SteadyRule
 from servelab.bench.workloads import Workload
 from servelab.calibration import Script, start_calibration_server

@@ -316,7 +316,7 @@ def test_an_out_of_bound_usage_count_is_a_parse_failure(count: str) -> None:
 
 
 def test_a_float_running_count_past_the_bound_fails_too() -> None:
-    from servelab.bench.chunks import read_chunk
+    from servelab.protocol.chunks import read_chunk
 
     view = read_chunk({"choices": [{"delta": {"content": "x"}}], "timings": {"predicted_n": 1e30}})
     assert view.running_count == 10**30 or view.running_count == int(1e30)

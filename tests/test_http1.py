@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from servelab.bench.client import ClientOptions, Deadlines, RequestSpec, StreamClient
-from servelab.bench.http1 import Origin, build_request
+from servelab.protocol.http1 import Origin, build_request
 
 
 def sse(*texts: str, done: bool = True) -> bytes:

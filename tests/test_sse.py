@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from servelab.bench.sse import SSEDecodeError, SSEEvent, SSEParser
+from servelab.protocol.sse import SSEDecodeError, SSEEvent, SSEParser
 
 
 def parse_all(pieces: list[bytes]) -> list[SSEEvent]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from servelab.bench.chunks import read_chunk
+from servelab.protocol.chunks import read_chunk
 from servelab.bench.tokens import RawChunk, count_tokens
 from servelab.records import Usage
 

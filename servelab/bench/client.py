@@ -1,6 +1,6 @@
 """The streaming client: one request in, one RequestRecord out, never an exception.
 
-Layers: bench/http1.py moves bytes (one HTTP/1.1 exchange, the body handed over as it arrives); this module
+Layers: protocol/http1.py moves bytes (one HTTP/1.1 exchange, the body handed over as it arrives); this module
 gives them meaning (SSE events, OpenAI chunks, the record); bench/tokens.py counts tokens once the stream ended.
 
 Timing: `perf_counter_ns()` right after each socket read returns; every event completed by that read gets that
@@ -36,9 +36,9 @@ from urllib.parse import unquote, urlsplit
 
 import orjson
 
-from servelab.bench.chunks import MalformedChunk, error_message, read_chunk
-from servelab.bench.http1 import HTTPError, Origin, build_request, open_exchange
-from servelab.bench.sse import SSEDecodeError, SSEParser
+from servelab.protocol.chunks import MalformedChunk, error_message, read_chunk
+from servelab.protocol.http1 import HTTPError, Origin, build_request, open_exchange
+from servelab.protocol.sse import SSEDecodeError, SSEParser
 from servelab.bench.tokens import RawChunk, count_tokens
 from servelab.records import ErrorKind, RequestRecord, Usage
 

@@ -1,7 +1,7 @@
 """What the client itself needs before it offers a load: file descriptors for its streams, and the API key on every
 request it makes.
 
-Descriptors: every request is one socket (bench/http1.py sends `Connection: close`), so a level of N concurrent
+Descriptors: every request is one socket (protocol/http1.py sends `Connection: close`), so a level of N concurrent
 streams needs N descriptors besides those the process already holds. Before such a level, the soft limit
 (`ulimit -n`) is raised as far as the hard limit allows when it is too low; when even the hard limit is too low,
 the level is refused with the numbers and what to run, instead of thousands of requests failing with "Too many

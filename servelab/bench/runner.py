@@ -21,7 +21,7 @@ import aiohttp
 from servelab import aio
 from servelab.bench.client import ClientOptions, Deadlines, StreamClient
 from servelab.bench.limits import DescriptorShortage, auth_headers, check_descriptors, streams_needed
-from servelab.bench.environment import EnvironmentSampler, contention_warning
+from servelab.host.environment import EnvironmentSampler, contention_warning
 from servelab.bench.failures import top_errors
 from servelab.bench.loads import Recorder, Target, make_spec, run_concurrency, run_single
 from servelab.bench.loads.control import LevelControl, StallWatch
@@ -65,7 +65,7 @@ class BenchOptions:
     # The modes beyond single and sweep (concurrency, rate, rate-sweep, slo-search): see bench/plans.py.
     plan: LoadPlan = field(default_factory=LoadPlan)
     # The engine's processes when servelab launched it (their trees' CPU is the engine's, not "other" load);
-    # empty: found from the URL's listening port where the server runs on this host (bench/environment.py).
+    # empty: found from the URL's listening port where the server runs on this host (host/environment.py).
     engine_pids: list[int] = field(default_factory=list)
     # Which trial of an experiment's cell this bench is (stamped on every record; docs/metrics.md#trials).
     trial: int = 0
@@ -109,7 +109,7 @@ class BenchState:
     current_plan: dict | None = None  # plans.py: mode, rate and load of the level in progress, if it runs one
     search: dict | None = None  # slo-search: probes, bracket and answer (plans.slo_search)
     client: StreamClient | None = None  # the run's client, for the requests it recorded as cancelled
-    environment: EnvironmentSampler | None = None  # what the machine did during each level (bench/environment.py)
+    environment: EnvironmentSampler | None = None  # what the machine did during each level (host/environment.py)
     warnings: list[str] = field(default_factory=list)  # about the whole bench (BenchResult.warnings)
     contended_stop: list[str] | None = None  # why the bench was ended early on a busy machine (stop_when_contended_s)
     # Told when a level begins: (tag, planned seconds, cap seconds, planned requests), for the live progress

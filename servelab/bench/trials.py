@@ -1,7 +1,7 @@
 """A cell measured as several trials, seen as one: which trials count, and their levels pooled by the same
 definitions as one trial's (docs/metrics.md#trials).
 
-- Which trials count: the quiet ones. A trial with a contended level (the machine was busy: bench/environment.py)
+- Which trials count: the quiet ones. A trial with a contended level (the machine was busy: host/environment.py)
   is left out whenever at least one trial of the cell was quiet; when every trial was contended they all count,
   and whatever is built from them says so.
 - A pooled level (one tag over the trials that count): per-request figures (TTFT, ITL, decode tok/s, E2E, …) are

@@ -1,7 +1,7 @@
 """A busy machine during an experiment: a contended trial is stopped early and run again once the machine is
 quiet, and contention that does not pass ends the experiment with the reason (docs/metrics.md#contended-trials).
 
-The rule that calls a level contended is bench/environment.py's; here is only what an experiment does about it:
+The rule that calls a level contended is host/environment.py's; here is only what an experiment does about it:
 
 - A level that other processes or CPU steal kept contended for its first `stop_after_s` seconds ends its trial
   there (a trial measured on a busy machine is left out anyway: measuring it to the end only costs time). The
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from servelab.bench.environment import EnvironmentSampler, busy_machine
+from servelab.host.environment import EnvironmentSampler, busy_machine
 from servelab.errors import UserError
 from servelab.records import EnvironmentSummary, Trial
 

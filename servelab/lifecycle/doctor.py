@@ -209,7 +209,7 @@ def listening_urls(pid: int) -> list[str]:
 
 def _listener_of(url: str) -> int | None:
     """The one process listening on a local URL's port (None: not local, nobody, several, or hidden from us)."""
-    from servelab.bench.environment import is_local_host, listening_pids, url_port
+    from servelab.host.environment import is_local_host, listening_pids, url_port
 
     host, port = url_port(url)
     if not is_local_host(host) or port is None:

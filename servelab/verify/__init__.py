@@ -3,7 +3,7 @@
     result = verify("http://127.0.0.1:8080")            # or: await run_checks(url, model=..., only=[...])
     for c in result.checks: print(c.id, c.outcome, c.reason)
 
-Modules: `http` (requests, transport errors as reasons; SSE parsing is `servelab.bench.sse`), `checks` (the
+Modules: `http` (requests, transport errors as reasons; SSE parsing is `servelab.protocol.sse`), `checks` (the
 registry and one function per check), `runner` (deadlines, selection, the VerifyResult).
 """
 

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from servelab.net import CONNECT_TIMEOUT_S, ensure_reachable, normalize_base_url  # noqa: F401 (re-exported)
-from servelab.bench.sse import SSEDecodeError, SSEEvent, SSEParser
+from servelab.protocol.sse import SSEDecodeError, SSEEvent, SSEParser
 from servelab.verify.transport import (MAX_EVENTS, MAX_LINE_BYTES, BadResponse, Flight, Overflow,  # noqa: F401
                                        exchange, mib)
 

@@ -12,7 +12,7 @@ import sys
 import zlib
 from typing import Any
 
-from servelab.bench.http1 import INFLATE_STEP
+from servelab.protocol.http1 import INFLATE_STEP
 from servelab.verify.transport import MAX_BODY_BYTES, mib
 
 

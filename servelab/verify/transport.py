@@ -1,11 +1,11 @@
-"""verify's requests, through bench's HTTP/1.1 exchange (bench/http1.py) with verify's bounds on top.
+"""verify's requests, through bench's HTTP/1.1 exchange (protocol/http1.py) with verify's bounds on top.
 
 bench's exchange already bounds the response head (http1.MAX_HEAD_BYTES in all, MAX_HEADER_LINE_BYTES a header,
 MAX_HEADERS headers), inflates a compressed body a step at a time and never follows a redirect; verify adds, per
 response, what a check of a small answer needs and a hostile server must not get past:
 
 - the body (after inflating) at most MAX_BODY_BYTES, a stream at most MAX_EVENTS events and one line of it at most
-  MAX_LINE_BYTES (the SSE parser's own bound, bench/sse.py, is 16 MiB an event: four streams at once each holding
+  MAX_LINE_BYTES (the SSE parser's own bound, protocol/sse.py, is 16 MiB an event: four streams at once each holding
   that much, and the copies a line that long costs to parse, would be 300 MB).
 
 A response past a bound ends at once (the rest is not read) with an `Overflow`, whose message names the bound and
@@ -27,7 +27,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from servelab.bench import http1
+from servelab.protocol import http1
 from servelab.net import CONNECT_TIMEOUT_S
 
 MAX_BODY_BYTES = 16 << 20  # one response's body, after inflating: verify's answers are a few kB
