@@ -51,8 +51,6 @@ IN_PROGRESS: list[frozenset[str]] = [
             "servelab.compare.peers.vllm_bench",
         }
     ),
-    # the ticker names the server's Write and Truth types
-    frozenset({"servelab.calibration.server", "servelab.calibration.ticker"}),
 ]
 
 
@@ -259,9 +257,6 @@ FORBIDDEN_IN_PROGRESS: set[str] = {
     # the live view starts the engine itself, instead of being handed to the launcher
     "servelab.report.live -> servelab.lifecycle.launch",
     "servelab.verify.junit -> servelab.store.rundir",
-    # calibration's figures use bench's percentile
-    "servelab.calibration -> servelab.bench.metrics",
-    "servelab.calibration.server -> servelab.bench.metrics",
 }
 
 
@@ -295,7 +290,6 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 # Package-level circles other work is removing now (see FORBIDDEN_IN_PROGRESS for the edges that close them).
 PACKAGE_CYCLES_IN_PROGRESS: list[frozenset[str]] = [
     frozenset({"servelab.compare", "servelab.store"}),
-    frozenset({"servelab.bench", "servelab.calibration"}),
 ]
 
 

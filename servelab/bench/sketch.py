@@ -16,20 +16,11 @@ from array import array
 
 from ddsketch import DDSketch
 
+from servelab.quantiles import percentile as percentile  # noqa: PLC0414 - re-exported for bench's figures
 from servelab.records import Distribution
 
 EXACT_LIMIT = 1_000_000  # 8 MB of float64: beyond this, a level's gaps go into the sketch
 RELATIVE_ACCURACY = 0.005
-
-
-def percentile(sorted_values, q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default), over an ascending sequence."""
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 class Samples:

@@ -62,7 +62,7 @@ class CalibrationHandle:
         """What /calibration/summary says, over every process: the gaps the server wrote (ms, p50/p90/p99 by the
         definition servelab's figures use), tokens, span, and how late its writes were against their targets
         (`late_ms_p99`: the server's own lag, a server that could not keep its schedule)."""
-        from servelab.bench.metrics import percentile
+        from servelab.quantiles import percentile
 
         gaps: list[float] = []
         late: list[float] = []

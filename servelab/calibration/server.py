@@ -30,16 +30,17 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from aiohttp import HttpVersion11, web
 from pydantic import ValidationError
 
-from servelab.bench.metrics import percentile
 from servelab.calibration.script import PlannedTokenEvent, Script, plan_token_events
 from servelab.calibration.styles import Dialect, Endpoint, RequestOptions, dialect_for
 from servelab.calibration.ticker import Ticker
+from servelab.calibration.writes import Truth, Write
+from servelab.quantiles import percentile
 
 MODEL_ID = "calibration"
 TRUTH_KEEP = 4096  # truths kept, oldest dropped first (a 1000-event truth holds ~150 KB)
@@ -55,15 +56,6 @@ Ending = Literal["complete", "stall", "disconnect", "in_band_error"]
 # waits for the previous one's target, so a write costs only the write, and a 1000-event stream does not spend
 # tens of milliseconds encoding up front (which would delay every other stream on the loop).
 # ----------------------------------------------------------------------------------------------------------
-
-@dataclass
-class Write:
-    data: bytes
-    due_ns: int | None  # offset from receipt; None = as soon as the previous write is out
-    kind: str  # "answer" | "reasoning" (token events), or "role", "finish", "usage", "done", "comment", ...
-    tokens: int = 0
-    lead: bytes = b""  # split_utf8: written early, right after the previous write, ending mid-character
-
 
 @dataclass
 class StreamPlan:
@@ -146,44 +138,6 @@ def _split_inside_character(data: bytes) -> tuple[bytes, bytes]:
     """Cut the bytes inside the first 4-byte UTF-8 sequence (after its first two bytes)."""
     at = next((i for i, b in enumerate(data) if b >= 0xF0), -1)
     return (data[:at + 2], data[at + 2:]) if at >= 0 else (b"", data)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Truth: what actually went out, and when
-# ----------------------------------------------------------------------------------------------------------
-
-@dataclass
-class Truth:
-    """What went out for one request, and when. Every `t_ns` is perf_counter_ns taken right after the write
-    returned, i.e. once the bytes were in the kernel: an upper bound on when they left, never earlier."""
-
-    id: str
-    endpoint: str
-    stream: bool
-    script: dict[str, Any]
-    request_received_ns: int  # the handler started (headers parsed, body not yet read)
-    headers_sent_ns: int | None = None  # non-streaming: when the whole response was written
-    # Kept as tuples while streaming (cheap to append, small to hold); expanded to objects in as_json().
-    events: list[tuple[int, int | None, int, str]] = field(default_factory=list)  # t_ns, target_ns, tokens, kind
-    control_events: list[tuple[int, str]] = field(default_factory=list)  # t_ns, kind: role/finish/usage/done/...
-    completed_ns: int | None = None
-    outcome: str = "in_progress"  # complete, stalled, disconnected, in_band_error, http_error, html, redirect,
-    # client_gone
-
-    def record(self, write: Write, t_ns: int) -> None:
-        if write.kind in ("answer", "reasoning"):
-            target = None if write.due_ns is None else self.request_received_ns + write.due_ns
-            self.events.append((t_ns, target, write.tokens, write.kind))
-        else:
-            self.control_events.append((t_ns, write.kind))
-
-    def finish(self, outcome: str) -> None:
-        self.completed_ns, self.outcome = time.perf_counter_ns(), outcome
-
-    def as_json(self) -> dict[str, Any]:
-        return {**self.__dict__,
-                "events": [{"t_ns": t, "target_ns": target, "tokens": n, "kind": k} for t, target, n, k in self.events],
-                "control_events": [{"t_ns": t, "kind": k} for t, k in self.control_events]}
 
 
 # ----------------------------------------------------------------------------------------------------------

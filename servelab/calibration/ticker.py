@@ -19,10 +19,8 @@ import heapq
 import itertools
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from servelab.calibration.server import Truth, Write
+from servelab.calibration.writes import Truth, Write
 
 
 def http_chunk(data: bytes) -> bytes:
