@@ -4,6 +4,8 @@ Raised deep, rendered once by the CLI as a single line (plus an optional hint) w
 Anything else that escapes is a bug and shows its traceback only with --debug.
 """
 
+import errno
+
 
 class UserError(Exception):
     """A problem the user can fix: bad input, a port in use, an unreachable server."""
@@ -29,3 +31,10 @@ class EngineFailed(UserError):
         self.log_tail = log_tail or []
         # The failed launch as a record (records.LaunchResult), so a run directory can keep the evidence.
         self.launch_result = None
+
+
+def os_error_words(exc: OSError) -> str:
+    """'No space left on device (ENOSPC)': the reason and the errno's name, for one-line messages."""
+    name = errno.errorcode.get(exc.errno or 0)
+    reason = exc.strerror or str(exc)
+    return f"{reason} ({name})" if name else reason

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
-from servelab.errors import UserError
+from servelab.errors import UserError, os_error_words
 from servelab.store.migrations import LATEST, MIGRATIONS
 
 DEFAULT_NAME = "servelab.db"
@@ -37,13 +37,6 @@ def default_store_path(out_root: Path) -> Path:
     """`SERVELAB_STORE` when set, else servelab.db next to the run directories."""
     env = os.environ.get("SERVELAB_STORE")
     return Path(env) if env else Path(out_root) / DEFAULT_NAME
-
-
-def os_error_words(exc: OSError) -> str:
-    """'No space left on device (ENOSPC)': the reason and the errno's name, for one-line messages."""
-    name = errno.errorcode.get(exc.errno or 0)
-    reason = exc.strerror or str(exc)
-    return f"{reason} ({name})" if name else reason
 
 
 SQLITE_FULL = 13  # "database or disk is full"

@@ -108,8 +108,7 @@ def junit_document(suites: Sequence[tuple[str, VerifyResult]], name: str = "serv
 
 def write_junit(path: Path, suites: Sequence[tuple[str, VerifyResult]], name: str = "servelab verify") -> Path:
     """Write the document atomically (a CI never reads half a file); a UserError naming the path if it cannot."""
-    from servelab.errors import UserError
-    from servelab.store.rundir import os_error_words
+    from servelab.errors import UserError, os_error_words
 
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
