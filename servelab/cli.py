@@ -110,7 +110,8 @@ def up(
     Arguments after `--` go to the engine's own command line, e.g.
     `servelab up llamacpp -- --spec-type draft-simple --draft-model smollm2`."""
     from servelab.engines import EngineSpec
-    from servelab.report.live import live_launch
+    from servelab.lifecycle.launch import start_engine
+    from servelab.report.live import launch_view
     from servelab.report.terminal import render_lint
 
     out = _out_console(as_json)
@@ -121,7 +122,8 @@ def up(
     ensure_writable(log_dir, "log directory")  # a read-only or full --log-dir: one line, exit 2, nothing started
     spec = spec.model_copy(update={"tp": tp, "executable": executable, "stall_budget_s": stall_budget,
                                    "options": dict(item.split("=", 1) for item in option or [] if "=" in item)})
-    with live_launch(spec, log_dir, out, ready_timeout_s=ready_timeout, stall_action=stall_action) as running:
+    with start_engine(spec, log_dir, view=launch_view(out), ready_timeout_s=ready_timeout,
+                      stall_action=stall_action) as running:
         result = running.result()
         render_lint(out, result.lint)
         if as_json:

@@ -27,10 +27,11 @@ from servelab.bench.runner import BenchOptions, bench
 from servelab.bench.trials import counted_trials, pooled_benches, run_headline
 from servelab.engines import EngineSpec
 from servelab.errors import EngineFailed, UserError
+from servelab.lifecycle.launch import start_engine
 from servelab.lifecycle.running import RunningEngine
 from servelab.provenance import build_provenance
 from servelab.records import BenchResult, RequestRecord, RunSummary, Summary, Trial
-from servelab.report.live import live_launch
+from servelab.report.live import launch_view
 from servelab.report.progress import PIPE_PROGRESS_S, LevelProgress
 from servelab.report.terminal import level_line, render_checks, render_levels, render_lint
 from servelab.store.rundir import RunDir
@@ -105,8 +106,9 @@ class CellSession:
             return False
         try:
             if self.plan.spec is not None and self.engine is None:
-                self.engine = self._stack.enter_context(live_launch(self.plan.spec, self.rundir.path, self.console,
-                                                                    ready_timeout_s=self.plan.ready_timeout_s))
+                self.engine = self._stack.enter_context(start_engine(self.plan.spec, self.rundir.path,
+                                                                     view=launch_view(self.console),
+                                                                     ready_timeout_s=self.plan.ready_timeout_s))
                 self.url, self.served_model = self.engine.url, self.engine.served_model
                 from servelab.lifecycle.exposure import engine_exposure
 

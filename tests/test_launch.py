@@ -29,7 +29,7 @@ from servelab.provenance import (
     redact_command,
     redact_env,
 )
-from servelab.report.live import describe_progress, eta_s, live_launch, plain_line
+from servelab.report.live import describe_progress, eta_s, launch_view, plain_line
 
 READY_TIMEOUT_S = 120  # the engine is ready in ~1 s on an idle 2-core host; shared CI hosts are not idle
 # What the launch should take: ~1 s idle, ~3 s with the 2 cores busy with other tests. 30 s is ten times that and a
@@ -389,7 +389,8 @@ HTTP_SERVER = "echo booting; sleep 0.3; exec {python} -m http.server {port} --bi
 def test_live_view_without_a_terminal_prints_one_line_per_phase(tmp_path, scripted):
     name = scripted(HTTP_SERVER)
     console = Console(file=io.StringIO(), force_terminal=False, width=80)
-    with live_launch(EngineSpec(engine=name, model="unused"), tmp_path, console, ready_timeout_s=30) as running:
+    with start_engine(EngineSpec(engine=name, model="unused"), tmp_path, view=launch_view(console),
+                      ready_timeout_s=30) as running:
         assert running.phases[-1].name == "ready"
     lines = console.file.getvalue().splitlines()
     assert lines[0] == "scripted engine: starting"
@@ -401,11 +402,19 @@ def test_live_view_without_a_terminal_prints_one_line_per_phase(tmp_path, script
 def test_live_view_on_a_terminal_ends_with_the_url(tmp_path, scripted):
     name = scripted(HTTP_SERVER)
     console = Console(file=io.StringIO(), force_terminal=True, width=60)
-    with live_launch(EngineSpec(engine=name, model="unused"), tmp_path, console, ready_timeout_s=30) as running:
+    with start_engine(EngineSpec(engine=name, model="unused"), tmp_path, view=launch_view(console),
+                      ready_timeout_s=30) as running:
         url = running.url
     out = console.file.getvalue()
     assert "phase" in out and "booting" in out  # the live panel was drawn
     assert "ready in" in out and url in out
+
+
+def test_a_refused_launch_draws_nothing(tmp_path):
+    console = Console(file=io.StringIO(), force_terminal=False, width=80)
+    with pytest.raises(UserError):
+        start_engine(EngineSpec(engine="no-such-engine", model="unused"), tmp_path, view=launch_view(console))
+    assert console.file.getvalue() == ""  # refused before "starting": no half-begun view
 
 
 def test_eta_and_progress_text():

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from servelab.engines import get_engine
 from servelab.engines.base import EngineAdapter, EngineSpec, Launch
@@ -28,7 +28,7 @@ from servelab.lifecycle.supervisor import SupervisedProcess, start_process
 from servelab.provenance import utc_now_iso
 from servelab.records import LaunchResult, Verdict
 
-__all__ = ["LaunchStatus", "PreparedLaunch", "RunningEngine", "prepare_launch", "STALL_ACTIONS", "ensure_port_free",
+__all__ = ["LaunchStatus", "LaunchView", "PreparedLaunch", "RunningEngine", "prepare_launch", "STALL_ACTIONS", "ensure_port_free",
            "free_port", "http_get", "port_in_use", "start_engine", "OOM_HINT", "PROBE_TIMEOUT_S", "launch_provenance"]
 
 UPDATE_EVERY_S = 0.5  # on_update is called at least this often, even when nothing changed
@@ -56,6 +56,20 @@ class LaunchStatus:
                 self.verdict.state if self.verdict else None)
 
 
+class LaunchView(Protocol):
+    """Someone watching a start-up: the operator's live view (report/live.py) is one. `start_engine` drives it,
+    so drawing the progress never needs the power to start anything."""
+
+    def starting(self, title: str) -> None:
+        """The engine is about to start: everything that can be refused before a process exists was checked."""
+
+    def update(self, status: LaunchStatus) -> None:
+        """The start-up moved, or UPDATE_EVERY_S passed; raising here stops the engine and propagates."""
+
+    def ended(self, engine: RunningEngine | None) -> None:
+        """The start-up is over: ready (`engine`) or failed (None, the exception follows)."""
+
+
 @dataclass(frozen=True)
 class PreparedLaunch:
     """An engine checked and its command built, nothing started yet (`prepare_launch`)."""
@@ -77,14 +91,16 @@ def prepare_launch(spec: EngineSpec) -> PreparedLaunch:
 
 def start_engine(spec: EngineSpec, log_dir: Path, on_update: Callable[[LaunchStatus], None] | None = None,
                  ready_timeout_s: float = 600.0, stop_grace_s: float = 10.0, stall_action: str = "stop",
-                 sample_every_s: float = SAMPLE_EVERY_S, prepared: PreparedLaunch | None = None) -> RunningEngine:
+                 sample_every_s: float = SAMPLE_EVERY_S, prepared: PreparedLaunch | None = None,
+                 view: LaunchView | None = None) -> RunningEngine:
     """Start the engine `spec` describes and return once its probe says ready.
 
     Raises UserError before anything starts (unknown engine, engine not installed, port in use, missing model),
     EngineFailed when the process dies, stalls (no evidence of progress for its phase's budget; with
     stall_action="wait" a stall is only reported) or is not ready within `ready_timeout_s`. On any failure or
-    interruption (Ctrl-C, an exception from `on_update`) the whole process group is stopped before the exception
-    propagates.
+    interruption (Ctrl-C, an exception from `on_update` or the view) the whole process group is stopped before
+    the exception propagates. `view` is told of the start-up after those refusals, so a refused launch draws
+    nothing; `on_update` alone gets only the statuses.
     """
     if stall_action not in STALL_ACTIONS:
         raise UserError(f"unknown stall action '{stall_action}'", hint="use stop or wait")
@@ -92,7 +108,34 @@ def start_engine(spec: EngineSpec, log_dir: Path, on_update: Callable[[LaunchSta
         prepared = prepare_launch(spec)
     else:
         ensure_port_free(spec.host, prepared.port)  # still free since it was prepared
-    adapter, port, launch = prepared.adapter, prepared.port, prepared.launch
+    if view is None:
+        return _start_prepared(prepared, log_dir, on_update, ready_timeout_s, stop_grace_s, stall_action,
+                               sample_every_s)
+    view_update = view.update
+    if on_update is not None:
+        def both(status: LaunchStatus) -> None:
+            on_update(status)
+            view_update(status)
+        view_update = both
+    view.starting(prepared.adapter.title)
+    try:
+        engine = _start_prepared(prepared, log_dir, view_update, ready_timeout_s, stop_grace_s, stall_action,
+                                 sample_every_s)
+    except BaseException:
+        view.ended(None)
+        raise
+    try:
+        view.ended(engine)
+    except BaseException:
+        engine.stop(stop_grace_s)
+        raise
+    return engine
+
+
+def _start_prepared(prepared: PreparedLaunch, log_dir: Path, on_update: Callable[[LaunchStatus], None] | None,
+                    ready_timeout_s: float, stop_grace_s: float, stall_action: str,
+                    sample_every_s: float) -> RunningEngine:
+    spec, adapter, port, launch = prepared.spec, prepared.adapter, prepared.port, prepared.launch
     log_path = Path(log_dir) / f"{adapter.name}-{port}.log"
     tracker = PhaseTracker(adapter)
     started_at = utc_now_iso()

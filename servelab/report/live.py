@@ -4,21 +4,20 @@ On a terminal a rich Live panel redraws in place; elsewhere (CI logs, pipes, `> 
 redraws would fill a log file with control sequences: one per phase or verdict change, and a heartbeat with the
 evidence (phase, progress, what moved, the probe) at least every HEARTBEAT_S seconds, so a long phase is never
 silent (the story's "the log seems to end early" must not happen in servelab's own output).
+
+The view only draws: `lifecycle.launch.start_engine(spec, log_dir, view=launch_view(console))` starts the engine
+and tells the view what happens.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from servelab.engines import get_engine
-from servelab.engines.base import EngineSpec
 from servelab.lifecycle.diagnose import RECENT_S, eta_words
 from servelab.lifecycle.diagnose import eta_s as _eta
-from servelab.lifecycle.launch import LaunchStatus, RunningEngine, prepare_launch, start_engine
+from servelab.lifecycle.launch import LaunchStatus, LaunchView, RunningEngine
 from servelab.textsafe import inert, inert_markup
 
 _PROBE_STYLE = {"ready": "green", "loading": "yellow", "down": "dim", "unknown": "red"}
@@ -113,40 +112,61 @@ def _fit(line: str, width: int) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
-def live_launch(spec: EngineSpec, log_dir: Path, console: Console, ready_timeout_s: float = 600.0,
-                stall_action: str = "stop") -> RunningEngine:
-    """`start_engine` with a view of its progress on `console`."""
-    title = get_engine(spec.engine).title
-    prepared = prepare_launch(spec)  # refuses a missing engine or model and a busy port before "starting"
-    if not console.is_terminal:
-        return _plain_launch(spec, log_dir, console, title, ready_timeout_s, stall_action, prepared)
-    with Live(Text(f"{title}: starting"), console=console, refresh_per_second=8, transient=True) as live:
-        def on_update(status: LaunchStatus) -> None:
-            live.update(render_status(title, status, console.width))
-
-        engine = start_engine(spec, log_dir, on_update=on_update, ready_timeout_s=ready_timeout_s,
-                              stall_action=stall_action, prepared=prepared)
-    console.print(f"[bold]{inert_markup(title)}[/bold] ready in {engine.ready_s:.1f} s at "
-                  f"{inert_markup(engine.url)}", highlight=False)
-    return engine
+def launch_view(console: Console, heartbeat_s: float = HEARTBEAT_S) -> LaunchView:
+    """The start-up view for `console`, to hand to `lifecycle.launch.start_engine(view=...)`: a live panel on a
+    terminal, plain lines elsewhere."""
+    return TerminalLaunchView(console) if console.is_terminal else PlainLaunchView(console, heartbeat_s)
 
 
-def _plain_launch(spec: EngineSpec, log_dir: Path, console: Console, title: str, ready_timeout_s: float,
-                  stall_action: str, prepared=None, heartbeat_s: float = HEARTBEAT_S) -> RunningEngine:
-    console.print(f"{title}: starting", markup=False, highlight=False)
-    # A line when the phase or the verdict changes (a phase that began and ended within a poll, ~50 ms, is
-    # skipped), and a heartbeat with the evidence when nothing changed for `heartbeat_s`. A stall is reported
-    # when it is declared (with --stall-action wait the engine keeps its chance).
-    last = {"key": ("starting", None), "at": 0.0}
+class TerminalLaunchView:
+    """A rich Live panel redrawn in place while the engine starts (cleared when it ends), then the URL."""
 
-    def on_update(status: LaunchStatus) -> None:
+    def __init__(self, console: Console):
+        self.console = console
+        self.title = ""
+        self._live: Live | None = None
+
+    def starting(self, title: str) -> None:
+        self.title = title
+        self._live = Live(Text(f"{title}: starting"), console=self.console, refresh_per_second=8, transient=True)
+        self._live.start()
+
+    def update(self, status: LaunchStatus) -> None:
+        if self._live is not None:
+            self._live.update(render_status(self.title, status, self.console.width))
+
+    def ended(self, engine: RunningEngine | None) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        if engine is not None:
+            self.console.print(f"[bold]{inert_markup(self.title)}[/bold] ready in {engine.ready_s:.1f} s at "
+                               f"{inert_markup(engine.url)}", highlight=False)
+
+
+class PlainLaunchView:
+    """Lines for a log file or a pipe: a line when the phase or the verdict changes (a phase that began and ended
+    within a poll, ~50 ms, is skipped), and a heartbeat with the evidence when nothing changed for `heartbeat_s`.
+    A stall is reported when it is declared (with --stall-action wait the engine keeps its chance)."""
+
+    def __init__(self, console: Console, heartbeat_s: float = HEARTBEAT_S):
+        self.console, self.heartbeat_s = console, heartbeat_s
+        self.title = ""
+        self._last_key: tuple[str, str | None] = ("starting", None)
+        self._last_at = 0.0
+
+    def starting(self, title: str) -> None:
+        self.title = title
+        self.console.print(f"{title}: starting", markup=False, highlight=False)
+
+    def update(self, status: LaunchStatus) -> None:
         state = status.verdict.state if status.verdict and status.verdict.state in ("stalled",) else None
         key = (status.phase, state)
-        if key != last["key"] or status.elapsed_s - last["at"] >= heartbeat_s:
-            last["key"], last["at"] = key, status.elapsed_s
-            console.print(plain_line(status), markup=False, highlight=False, soft_wrap=True)
+        if key != self._last_key or status.elapsed_s - self._last_at >= self.heartbeat_s:
+            self._last_key, self._last_at = key, status.elapsed_s
+            self.console.print(plain_line(status), markup=False, highlight=False, soft_wrap=True)
 
-    engine = start_engine(spec, log_dir, on_update=on_update, ready_timeout_s=ready_timeout_s,
-                          stall_action=stall_action, prepared=prepared)
-    console.print(f"{title} ready in {engine.ready_s:.1f} s at {engine.url}", markup=False, highlight=False)
-    return engine
+    def ended(self, engine: RunningEngine | None) -> None:
+        if engine is not None:
+            self.console.print(f"{self.title} ready in {engine.ready_s:.1f} s at {engine.url}", markup=False,
+                               highlight=False)
