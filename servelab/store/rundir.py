@@ -17,7 +17,8 @@ loses at most the requests that were in flight.
 
 A disk that fills up (or turns read-only) during a run costs no measurement: a write that fails is never an
 exception here. The directory keeps what it could write (a torn record line is cut back off, a half-written
-summary's `.tmp` removed), the records it could not write stay in memory (`all_records()`), and `write_errors`
+summary's `.tmp` removed), the records it could not write stay in memory (`iter_records()` yields them after the
+file's), and `write_errors`
 says, one line each, what could not be written and why, for the command to print (docs/output.md#disk-full).
 A directory that cannot be created or written at all is a UserError before anything is measured.
 """
@@ -25,28 +26,22 @@ A directory that cannot be created or written at all is a UserError before anyth
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import re
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from servelab.errors import UserError
+from servelab.errors import UserError, os_error_words
 from servelab.records import RequestRecord
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:40] or "run"
-
-
-def os_error_words(exc: OSError) -> str:
-    """'No space left on device (ENOSPC)': the reason and the errno's name, for one-line messages."""
-    from servelab.store.db import os_error_words as words
-
-    return words(exc)
 
 
 def ensure_writable(path: Path, what: str = "directory") -> None:
@@ -81,8 +76,10 @@ class RunDir:
                             hint="free some space, or point --out somewhere writable") from None
         self._records = None  # the gzip stream
         self._raw = None  # the file under it
-        self._records_good = 0
-        self.written = 0  # records appended to the file  # bytes of records.jsonl known whole: a failed append is cut back to here
+        self._records_good = 0  # bytes of the records file known whole: a failed append is cut back to here
+        # Whole records in the file: those appended here, after any a directory opened again already held.
+        existing = records_file(self.path)
+        self.written = sum(1 for _ in iter_record_lines(existing)) if existing is not None else 0
         self.unwritten: list[RequestRecord] = []  # records the disk refused, kept for the summary and the store
         self._errors: dict[str, str] = {}  # file name -> why its last write failed
 
@@ -181,20 +178,18 @@ class RunDir:
             pass
 
     def all_records(self) -> list[RequestRecord]:
-        """Every record of the run: those in the records file, then those the disk refused."""
+        """Every record of the run in a list: those in the records file, then those the disk refused."""
         return list(self.iter_records())
 
-    def iter_records(self) -> Iterator[RequestRecord]:
-        """The same, one at a time (memory stays flat however many there are)."""
+    def iter_records(self) -> RunDirRecords:
+        """The same, one at a time (memory stays flat however many there are). The iterator also says where they
+        are, so the store can point at the records file instead of copying it (store/runs.py)."""
         if self._records is not None:
             try:
                 self._records.flush(zlib.Z_SYNC_FLUSH)
             except (OSError, ValueError):
                 pass
-        found = records_file(self.path)
-        if found is not None:
-            yield from iter_records(found)
-        yield from list(self.unwritten)
+        return RunDirRecords(records_file(self.path), self.written, list(self.unwritten), self.keep_events_text)
 
     def write_json(self, name: str, doc: BaseModel) -> Path | None:
         """Write atomically: a reader (or a crash) never sees half a file. None when the disk refused it (the
@@ -236,6 +231,43 @@ class RunDir:
             self._records = self._raw = None
 
 
+class RunDirRecords(Iterator[RequestRecord]):
+    """A run directory's records as of one moment: the `in_file` whole records of its records file `file` (None
+    when it has none), then the ones the disk refused (`unwritten`). Iterating reads the file one record at a time;
+    `lines()` gives the same records as JSON lines, those of the file as they are on disk (nothing parsed)."""
+
+    def __init__(self, file: Path | None, in_file: int, unwritten: list[RequestRecord],
+                 keep_events_text: bool = False):
+        self.file, self.in_file, self.unwritten = file, in_file, unwritten
+        self.keep_events_text = keep_events_text
+        self._iterator: Iterator[RequestRecord] | None = None
+
+    def __iter__(self) -> RunDirRecords:
+        return self
+
+    def __next__(self) -> RequestRecord:
+        if self._iterator is None:
+            self._iterator = itertools.chain(iter_records(self.file) if self.file is not None else (),
+                                             self.unwritten)
+        return next(self._iterator)
+
+    def __len__(self) -> int:
+        return self.in_file + len(self.unwritten)
+
+    def lines(self, skip: int = 0) -> Iterator[bytes]:
+        """The records after the first `skip`, one JSON line each (no newline)."""
+        if self.file is not None and skip < self.in_file:
+            yield from itertools.islice(iter_record_lines(self.file), skip, self.in_file)
+        yield from unwritten_lines(self.unwritten[max(0, skip - self.in_file):], self.keep_events_text)
+
+
+def unwritten_lines(records: Iterable[RequestRecord], keep_events_text: bool = False) -> Iterator[bytes]:
+    """Records as the records file holds them, one JSON line each."""
+    context = {"events_text": True} if keep_events_text else None
+    for record in records:
+        yield record.model_dump_json(context=context).encode("utf-8")
+
+
 RECORDS_FILE = "records.jsonl.gz"
 LEGACY_RECORDS_FILE = "records.jsonl"  # run directories written before issue 14
 
@@ -256,16 +288,22 @@ def read_records(path: Path) -> list[RequestRecord]:
 
 def iter_records(path: Path) -> Iterator[RequestRecord]:
     """The records of a records file, one at a time."""
+    for line in iter_record_lines(path):
+        try:
+            yield RequestRecord.model_validate_json(line)
+        except ValueError:
+            continue
+
+
+def iter_record_lines(path: Path) -> Iterator[bytes]:
+    """The lines of a records file (or a run directory's), unparsed, up to where the stream ends or is torn."""
     path = Path(path)
     if path.is_dir():
         found = records_file(path)
         if found is None:
             return
         path = found
-    if path.suffix == ".gz":
-        fh = gzip.open(path, "rb")
-    else:
-        fh = open(path, "rb")
+    fh = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
     with fh:
         while True:
             try:
@@ -275,9 +313,16 @@ def iter_records(path: Path) -> Iterator[RequestRecord]:
             if not line:
                 return
             line = line.strip()
-            if not line:
-                continue
-            try:
-                yield RequestRecord.model_validate_json(line)
-            except ValueError:
-                continue
+            if line:
+                yield line
+
+
+class RecordsFile(Iterable[RequestRecord]):
+    """A records file read again from its start each time it is iterated: records for a reader that goes over
+    them more than once without holding them all."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        return iter_records(self.path) if self.path is not None else iter(())
