@@ -17,7 +17,7 @@ from servelab.bench.trials import clean_trials, counted_trials, is_contended, po
 from servelab.errors import UserError
 from servelab.records import (BenchResult, Figure, LaunchResult, LintFinding, Provenance, RequestRecord,
                               RunSummary, SingleAndSweep, Trial, VerifyResult)
-from servelab.store.db import Store
+from servelab.store.db import Store, no_store_error
 from servelab.store.rundir import read_records
 from servelab.store.runs import load_run, resolve_run_id
 
@@ -81,6 +81,7 @@ class RunData(SingleAndSweep):
 
 def from_summary(summary: RunSummary, records: list[RequestRecord], name: str | None, ref: str,
                  experiment_id: str | None = None) -> RunData:
+    records = list(records)  # read for every figure and interval: held once (a stored run's arrive streamed)
     counted, excluded = counted_trials(summary.trials)
     single, sweep = pooled_benches(counted, records)
     return RunData(name=name or summary.run_id, ref=ref, status=summary.status, single=single, sweep=sweep,
@@ -148,11 +149,3 @@ def resolve(ref: str, store: Store | None, store_path: Path | None = None) -> Ru
         raise UserError(f"'{ref}' is neither a run directory nor a run in {store.path}",
                         hint="`servelab runs` lists stored runs")
     raise no_store_error(ref, store_path)
-
-
-def no_store_error(ref: str, store_path: Path | None) -> UserError:
-    """`show RUN` (or compare, report, export) where there is no run store, e.g. from another directory."""
-    where = f" at {Path(store_path).absolute()}" if store_path is not None else ""
-    return UserError(f"'{ref}' is not a run directory, and there is no run store{where} to look it up in",
-                     hint="run servelab from the directory that holds runs/, give --out DIR or --store FILE, or "
-                          "set SERVELAB_STORE")

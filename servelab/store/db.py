@@ -30,6 +30,7 @@ from servelab.errors import UserError, os_error_words
 from servelab.store.migrations import LATEST, MIGRATIONS
 
 DEFAULT_NAME = "servelab.db"
+RECORDS_COMPRESSED = 5  # the schema version from which records are no longer kept uncompressed
 BUSY_TIMEOUT_MS = 30_000  # a run's whole write takes well under a second; 30 s covers a queue of writers
 
 
@@ -63,6 +64,14 @@ def store_write_failure(path: Path, exc: BaseException) -> str:
         return (f"the run store {path} could not be written: the disk is full (free some space, or point --store "
                 f"at another disk; the run directory keeps every result written before it filled)")
     return f"the run store {path} could not be written: {exc}"
+
+
+def no_store_error(ref: str, store_path: Path | None) -> UserError:
+    """`show RUN` (or compare, report, export) where there is no run store, e.g. from another directory."""
+    where = f" at {Path(store_path).absolute()}" if store_path is not None else ""
+    return UserError(f"'{ref}' is not a run directory, and there is no run store{where} to look it up in",
+                     hint="run servelab from the directory that holds runs/, give --out DIR or --store FILE, or "
+                          "set SERVELAB_STORE")
 
 
 @lru_cache(maxsize=1)
@@ -218,14 +227,26 @@ class Store:
         if self.version() > LATEST:
             raise UserError(f"the run store {self.path} was written by a newer servelab (schema "
                             f"{self.version()}; this one knows up to {LATEST})", hint="upgrade servelab")
+        first = self.version()
         while True:
             with self.write() as db:
                 # Read the version inside the lock: another process may have migrated meanwhile.
                 current = self.version()
                 if current >= LATEST:
-                    return
+                    break
                 if current == 0:
                     db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
                 MIGRATIONS[current](db)
                 db.execute("DELETE FROM schema_version")
                 db.execute("INSERT INTO schema_version (version) VALUES (?)", (current + 1,))
+        if 0 < first < RECORDS_COMPRESSED <= LATEST and not self.readonly:
+            self._reclaim()
+
+    def _reclaim(self) -> None:
+        """Give the disk back the pages the uncompressed records held. Best effort: VACUUM needs about the
+        store's size free and no other process inside a transaction; without them the space stays with the file
+        (SQLite reuses it for later runs)."""
+        try:
+            self.db.execute("VACUUM")
+        except sqlite3.Error:
+            pass

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from servelab.bench import metrics
 from servelab.errors import UserError
 from servelab.records import RequestRecord, Summary
 from servelab.store.files import ensure_output_dir, output_file, write_output
-from servelab.store.rundir import read_records, records_file
+from servelab.store.rundir import RecordsFile, records_file
 from servelab.textsafe import visible
 
 FORMATS = ("csv", "json", "vllm")  # vllm: one vllm-bench-serve-shaped JSON per level (store/export_vllm.py)
@@ -114,7 +114,7 @@ def level_row(s: Summary) -> dict[str, Any]:
 # One function per format
 # ---------------------------------------------------------------------------------------------------------------
 
-def export_csv(records: Sequence[RequestRecord], levels: Sequence[Summary], out_dir: Path) -> list[Path]:
+def export_csv(records: Iterable[RequestRecord], levels: Sequence[Summary], out_dir: Path) -> list[Path]:
     """records.csv and levels.csv in `out_dir`."""
     ensure_output_dir(out_dir, "export directory")
     paths = [out_dir / "records.csv", out_dir / "levels.csv"]
@@ -123,11 +123,15 @@ def export_csv(records: Sequence[RequestRecord], levels: Sequence[Summary], out_
     return paths
 
 
-def export_json(records: Sequence[RequestRecord], levels: Sequence[Summary], out_dir: Path) -> list[Path]:
+def export_json(records: Iterable[RequestRecord], levels: Sequence[Summary], out_dir: Path) -> list[Path]:
     """records.json and levels.json in `out_dir`: the models' own JSON, lists of them."""
     ensure_output_dir(out_dir, "export directory")
     paths = [out_dir / "records.json", out_dir / "levels.json"]
-    _write_text(paths[0], "[" + ",\n".join(r.model_dump_json() for r in records) + "]\n")
+    with output_file(paths[0], "export file") as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("[")  # written as read: a soak's records never all in memory
+        for i, r in enumerate(records):
+            fh.write((",\n" if i else "") + r.model_dump_json())
+        fh.write("]\n")
     _write_text(paths[1], "[" + ",\n".join(s.model_dump_json(indent=2) for s in levels) + "]\n")
     return paths
 
@@ -136,8 +140,9 @@ def export_json(records: Sequence[RequestRecord], levels: Sequence[Summary], out
 # From a run directory
 # ---------------------------------------------------------------------------------------------------------------
 
-def load_run(run_dir: Path) -> tuple[list[RequestRecord], list[Summary], list[str]]:
-    """(records, levels, notes) of a run directory written by `servelab run` or `servelab bench --out`."""
+def load_run(run_dir: Path) -> tuple[RecordsFile, list[Summary], list[str]]:
+    """(records, levels, notes) of a run directory written by `servelab run` or `servelab bench --out`; the
+    records are read from the file one at a time, each time they are iterated."""
     if not run_dir.is_dir():
         raise UserError(f"not a run directory: {run_dir}")
     records_path, summary_path = records_file(run_dir), run_dir / "summary.json"
@@ -145,7 +150,7 @@ def load_run(run_dir: Path) -> tuple[list[RequestRecord], list[Summary], list[st
         raise UserError(f"{run_dir} has neither records.jsonl.gz (or records.jsonl) nor summary.json: not a run "
                         f"directory")
     notes: list[str] = []
-    records = read_records(records_path) if records_path is not None else []
+    records = RecordsFile(records_path)
     levels: list[Summary] = []
     if summary_path.exists():
         try:
@@ -191,7 +196,7 @@ def export_run(ref: str, fmt: str, to: Path | None, store_path: Path) -> tuple[l
     if Path(ref).is_dir():
         return export_run_dir(Path(ref), fmt, to)
     if not Path(store_path).exists():
-        from servelab.compare.sources import no_store_error
+        from servelab.store.db import no_store_error
 
         raise no_store_error(ref, Path(store_path))
     from servelab.store.db import Store
@@ -206,6 +211,8 @@ def export_run(ref: str, fmt: str, to: Path | None, store_path: Path) -> tuple[l
         summary, records, meta = load_run(store, run_id)
     levels = [lv for trial in summary.trials for lv in trial.levels]
     notes = ["the run was interrupted: its last level is partial"] if summary.status == "interrupted" else []
+    if meta["records_missing"]:
+        notes.append(meta["records_missing"])
     run_dir = Path(meta["run_dir"]) if meta["run_dir"] else None
     target = to or (run_dir if run_dir and run_dir.is_dir() else Path(run_id))
     write = _writer(fmt, summary.provenance.model or "")
@@ -216,7 +223,8 @@ def _writer(fmt: str, model: str):
     if fmt == "vllm":
         from servelab.store.export_vllm import export_vllm
 
-        return lambda records, levels, out_dir: export_vllm(records, levels, out_dir, model=model)
+        # one pass over the records per level: held in memory for this format
+        return lambda records, levels, out_dir: export_vllm(list(records), levels, out_dir, model=model)
     return export_csv if fmt == "csv" else export_json
 
 

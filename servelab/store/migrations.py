@@ -12,6 +12,10 @@ Version 2: experiments and their cells (which run measured which cell, keyed by 
            finding applies), back-filled from the lint rows of existing runs.
 Version 3: a `cancelled` count on levels.
 Version 4: a `trial` column on levels and records (a cell measured as several trials); 0 for older rows.
+Version 5: records are no longer kept again as uncompressed JSON, one row each: a run points at its run
+           directory's records file (`runs.records_file`, `runs.records_in_file`) or the store holds them as
+           zlib-compressed chunks (`records`: run_id, first, count, data; store/stored_records.py). Older rows are
+           compressed into chunks.
 """
 
 from __future__ import annotations
@@ -125,6 +129,29 @@ def _v4_trials(db: sqlite3.Connection) -> None:
     """)
 
 
+def _v5_records_compressed(db: sqlite3.Connection) -> None:
+    # The per-record rows made a store 4x its run directories' records files: they become compressed chunks.
+    from servelab.store.stored_records import insert_chunks
+
+    _execute(db, """
+        ALTER TABLE runs ADD COLUMN records_file TEXT;        -- where records_in_file of its records are read
+        ALTER TABLE runs ADD COLUMN records_in_file INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE records RENAME TO records_v4;
+        CREATE TABLE records (
+            run_id TEXT REFERENCES runs(run_id) ON DELETE CASCADE,
+            first  INTEGER NOT NULL,           -- the chunk's first record: its position among the run's records
+            count  INTEGER NOT NULL,           -- records in the chunk
+            data   BLOB NOT NULL,              -- zlib: the RequestRecords' JSON, one line each
+            PRIMARY KEY (run_id, first)
+        )
+    """)
+    run_ids = [row[0] for row in db.execute("SELECT DISTINCT run_id FROM records_v4")]
+    for run_id in run_ids:
+        rows = db.execute("SELECT record FROM records_v4 WHERE run_id = ? ORDER BY seq", (run_id,))
+        insert_chunks(db, run_id, (row[0].encode("utf-8") for row in rows), 0)
+    db.execute("DROP TABLE records_v4")
+
+
 def _execute(db: sqlite3.Connection, script: str) -> None:
     """Statement by statement: `executescript` would commit the migration's transaction before it runs."""
     for statement in script.split(";"):
@@ -133,5 +160,6 @@ def _execute(db: sqlite3.Connection, script: str) -> None:
 
 
 # In order: MIGRATIONS[i] takes a store from version i to version i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_runs, _v2_experiments, _v3_cancelled, _v4_trials]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_runs, _v2_experiments, _v3_cancelled, _v4_trials,
+                                                           _v5_records_compressed]
 LATEST = len(MIGRATIONS)

@@ -1,8 +1,10 @@
 """Runs in the store: save one (everything it measured), list them, read one back.
 
 A run is saved whole in one transaction, replacing any earlier copy under the same id (a run is saved again when
-it ends, after being saved interrupted). Reading it back gives the RunSummary its run directory holds and its
-per-request records, so `compare` and `report` work the same from the store or from a directory.
+it ends, after being saved interrupted, and after each trial of a cell). Reading it back gives the RunSummary its
+run directory holds and its per-request records, so `compare` and `report` work the same from the store or from a
+directory. The records are pointed at in the run directory's records file or held compressed
+(store/stored_records.py); saved again, a run writes only the records that came since.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from servelab.errors import UserError
 from servelab.records import BenchResult, RequestRecord, RunSummary, Trial
 from servelab.store.db import Store
+from servelab.store.stored_records import StoredRecords, load_records, save_records
 
 
 def _now() -> str:
@@ -52,11 +55,19 @@ def save_run(store: Store, summary: RunSummary, records: Iterable[RequestRecord]
         benches = [b for t in summary.trials for b in t.benches]
         url = benches[0].url if benches else None
     with store.write() as db:
-        db.execute("DELETE FROM runs WHERE run_id = ?", (summary.run_id,))  # cascades to every child table
+        # The run's row stays (its records, kept apart, are written anew only where they changed); every other
+        # row of it is replaced.
+        for table in ("launches", "phases", "lint", "checks", "levels", "figures"):
+            db.execute(f"DELETE FROM {table} WHERE run_id = ?", (summary.run_id,))
         db.execute(
             "INSERT INTO runs (run_id, run_dir, status, error, started_at, engine, engine_version, model, url, "
             "provenance, summary, saved_at, cell_name, experiment_id, representative) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET "
+            "run_dir = excluded.run_dir, status = excluded.status, error = excluded.error, "
+            "started_at = excluded.started_at, engine = excluded.engine, engine_version = excluded.engine_version, "
+            "model = excluded.model, url = excluded.url, provenance = excluded.provenance, "
+            "summary = excluded.summary, saved_at = excluded.saved_at, cell_name = excluded.cell_name, "
+            "experiment_id = excluded.experiment_id, representative = excluded.representative",
             (summary.run_id, str(run_dir) if run_dir else None, summary.status, summary.error, prov.started_at,
              prov.engine, prov.engine_version, prov.model, url, prov.model_dump_json(), summary.model_dump_json(),
              _now(), cell_name, experiment_id, int(is_representative(summary))))
@@ -91,10 +102,7 @@ def save_run(store: Store, summary: RunSummary, records: Iterable[RequestRecord]
         db.executemany("INSERT INTO figures VALUES (?, ?, ?, ?, ?, ?, ?)",
                        [(summary.run_id, key, fig.value, fig.unit, fig.definition, fig.counted_by, fig.note)
                         for key, fig in summary.headline.items()])
-        db.executemany("INSERT INTO records (run_id, seq, tag, warmup, ok, output_tokens, record, trial) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       ((summary.run_id, i, r.tag, int(r.warmup), int(r.ok), r.output_tokens, r.model_dump_json(),
-                         r.trial) for i, r in enumerate(records)))  # streamed: never all in memory at once
+        save_records(db, store.path, summary.run_id, records)  # streamed: never all in memory at once
 
 
 @dataclass(frozen=True)
@@ -147,14 +155,15 @@ def resolve_run_id(store: Store, ref: str) -> str | None:
     return rows[0] if rows else None
 
 
-def load_run(store: Store, run_id: str) -> tuple[RunSummary, list[RequestRecord], dict[str, str | None]]:
-    """(summary, records, {cell_name, experiment_id, run_dir}) of a stored run."""
+def load_run(store: Store, run_id: str) -> tuple[RunSummary, StoredRecords, dict[str, str | None]]:
+    """(summary, records, {cell_name, experiment_id, run_dir, records_missing}) of a stored run. The records are
+    read one at a time each time they are iterated (`len()` says how many); `records_missing` is a sentence when
+    the records file the store points at is gone, else None."""
     row = store.db.execute("SELECT summary, cell_name, experiment_id, run_dir FROM runs WHERE run_id = ?",
                            (run_id,)).fetchone()
     if row is None:
         raise UserError(f"no run '{run_id}' in the store {store.path}", hint="`servelab runs` lists them")
     summary = RunSummary.model_validate_json(row["summary"])
-    records = [RequestRecord.model_validate_json(r[0]) for r in
-               store.db.execute("SELECT record FROM records WHERE run_id = ? ORDER BY seq", (run_id,))]
+    records = load_records(store.db, store.path, run_id)
     return summary, records, {"cell_name": row["cell_name"], "experiment_id": row["experiment_id"],
-                              "run_dir": row["run_dir"]}
+                              "run_dir": row["run_dir"], "records_missing": records.missing}
