@@ -301,12 +301,13 @@ def _run_schedule(experiment: Experiment, sessions: dict[str, tuple[int, str, Ce
 
 def _save(store: StoreWrites, exp_id: str, entry: tuple[int, str, CellSession], name: str) -> None:
     """The cell into the store, after its run directory (CellSession.save wrote it): a store that fails is
-    reported and skipped from then on, never the end of the run."""
+    reported and skipped from then on, never the end of the run. Only the records that came since the cell was
+    last saved are written (store/stored_records.py): saving after each trial costs that trial's records."""
     if store.failed:
         return
     seq, key, session = entry
     summary = session.summary
-    records = session.rundir.all_records()
+    records = session.rundir.iter_records()
     store.write(f"cell {name}", save_run, summary, records, session.rundir.path, cell_name=name,
                 experiment_id=exp_id)
     store.write(f"cell {name}", record_cell, exp_id, CellState(cell_key=key, cell_name=name, seq=seq,
