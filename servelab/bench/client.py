@@ -224,6 +224,17 @@ class StreamClient:
             gc.unfreeze()  # what was frozen (records, mostly) is the collector's again
             self._frozen_at = 0.0
 
+    # What a Sender (bench/sender.py) says besides `send`: this process sends, each request at its time.
+    dispatch_lead_ns = 0
+    processes = 1
+
+    @property
+    def local_pids(self) -> list[int]:
+        return []  # no other process sends
+
+    def provenance(self) -> list:
+        return []  # no workers: this process sent every request
+
     def abandoned(self) -> list[RequestRecord]:
         """Record as cancelled every send still registered as in flight whose task has ended (or that has no
         task): one whose coroutine was closed without a CancelledError. They join `cancelled`, where the load

@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from servelab.bench.client import StreamClient
+from servelab.bench.sender import Sender
 from servelab.bench.loads.common import Recorder, Target, level_running, make_spec
 from servelab.bench.loads.control import Backoff, LevelControl, StallWatch
 from servelab.records import RequestRecord
 
 
-async def run_single(client: StreamClient, workload, target: Target, recorder: Recorder, *,
+async def run_single(client: Sender, workload, target: Target, recorder: Recorder, *,
                      requests: int, warmup: int = 1, tag: str = "single", stall: StallWatch | None = None
                      ) -> tuple[list[RequestRecord], tuple[int, int]]:
     """`requests` one after another. With `stall` (a StallWatch), the level ends once it says the server stopped
@@ -53,7 +53,7 @@ async def run_single(client: StreamClient, workload, target: Target, recorder: R
     return measured, span.window()
 
 
-async def run_concurrency(client: StreamClient, workload, target: Target, recorder: Recorder, *,
+async def run_concurrency(client: Sender, workload, target: Target, recorder: Recorder, *,
                           concurrency: int, duration_s: float | None, max_requests: int | None = None,
                           tag: str | None = None, control: LevelControl | None = None
                           ) -> tuple[list[RequestRecord], tuple[int, int]]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servelab.bench.client import RequestSpec
+from servelab.bench.sender import Sender
 from servelab.bench.tally import LevelTally
 from servelab.records import RequestRecord
 from servelab.redaction import redact_text
@@ -117,7 +118,7 @@ class Recorder:
         if self.current is not None:
             self.current.fold_waiting()
 
-    def add_cancelled(self, client, measured: list[RequestRecord] | None = None,
+    def add_cancelled(self, client: Sender, measured: list[RequestRecord] | None = None,
                       because: str | None = None) -> list[RequestRecord]:
         """Take the requests `client` had in flight when their tasks were cancelled (Ctrl-C, or a load mode
         stopping its own tasks) and keep them like any other record: here, through `on_record` (records.jsonl),
@@ -127,10 +128,8 @@ class Recorder:
 
         Takes them off the client's list, so calling this again (the runner does, after the event loop has
         finished every task) never records one twice."""
-        abandoned = getattr(client, "abandoned", None)
-        if abandoned is not None:
-            abandoned()  # sends whose coroutine ended without recording themselves join `cancelled`
-        pending = getattr(client, "cancelled", None)
+        client.abandoned()  # sends whose coroutine ended without recording themselves join `cancelled`
+        pending = client.cancelled
         if not pending:
             return []
         taken = list(pending)
@@ -153,7 +152,7 @@ class Target:
     accepts_min_tokens: bool = False
 
 
-async def stop_in_flight(tasks, client, recorder: Recorder, measured) -> None:
+async def stop_in_flight(tasks, client: Sender, recorder: Recorder, measured) -> None:
     """A level interrupted (Ctrl-C): cancel its tasks and wait for them (a cancelled gather already did; a task
     cancelled while its sender slept did not), so each request in flight is on the client's list, then record
     those as cancelled, in the level's records too. The caller re-raises the cancellation."""
@@ -180,7 +179,7 @@ class RunningLevel:
 
 
 @asynccontextmanager
-async def level_running(control, recorder: Recorder, client, start_ns: int) -> AsyncIterator[RunningLevel]:
+async def level_running(control, recorder: Recorder, client: Sender, start_ns: int) -> AsyncIterator[RunningLevel]:
     """The frame every load level with a LevelControl runs in: the level begins at `start_ns`, its tally opens
     with the window's floor the control keeps, and the control's watcher ends it on time even when no request
     finishes. On Ctrl-C (the level's task cancelled) the requests in flight are recorded as cancelled before the

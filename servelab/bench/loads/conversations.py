@@ -20,11 +20,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from servelab.bench.client import StreamClient
+from servelab.bench.sender import Sender
 from servelab.bench.loads.arrivals import Arrival, schedule_ns
 from servelab.bench.loads.common import Recorder, Target, level_running
 from servelab.bench.loads.control import LevelControl
-from servelab.bench.loads.open_loop import START_LEAD_NS, _sleep_until
+from servelab.bench.loads.open_loop import START_LEAD_NS, sleep_until
 from servelab.records import RequestRecord
 
 NS_PER_S = 1_000_000_000
@@ -34,7 +34,7 @@ def planned_turns(workload, conversations: int, first: int = 0) -> int:
     return sum(len(workload.conversation(i).turns) for i in range(first, first + conversations))
 
 
-async def _conversation(client: StreamClient, workload, target: Target, recorder: Recorder, control: LevelControl,
+async def _conversation(client: Sender, workload, target: Target, recorder: Recorder, control: LevelControl,
                         measured: list[RequestRecord], i: int, tag: str, scheduled_ns: int | None = None) -> None:
     conv = workload.conversation(i)
     answers: list[str] = []
@@ -56,7 +56,7 @@ async def _conversation(client: StreamClient, workload, target: Target, recorder
         answers.append(workload.next_history(conv, k, record.text))
 
 
-async def run_users(client: StreamClient, workload, target: Target, recorder: Recorder, *, users: int,
+async def run_users(client: Sender, workload, target: Target, recorder: Recorder, *, users: int,
                     conversations: int, tag: str, control: LevelControl | None = None, first: int = 0
                     ) -> tuple[list[RequestRecord], tuple[int, int]]:
     """Closed loop: `users` users share `conversations` conversations (numbered first..first+conversations-1)."""
@@ -79,7 +79,7 @@ async def run_users(client: StreamClient, workload, target: Target, recorder: Re
     return measured, control.window()
 
 
-async def run_conversation_starts(client: StreamClient, workload, target: Target, recorder: Recorder, *,
+async def run_conversation_starts(client: Sender, workload, target: Target, recorder: Recorder, *,
                                   rate: float, conversations: int, arrival: Arrival = "poisson",
                                   burstiness: float = 1.0, seed: int = 0, tag: str,
                                   control: LevelControl | None = None, first: int = 0
@@ -93,7 +93,7 @@ async def run_conversation_starts(client: StreamClient, workload, target: Target
         measured = level.measured
         for i, offset in enumerate(offsets):
             due_ns = start_ns + offset
-            await _sleep_until(due_ns, control)
+            await sleep_until(due_ns, control)
             if not control.may_send(due_ns):
                 break
             level.tasks.append(asyncio.create_task(_conversation(client, workload, target, recorder, control,

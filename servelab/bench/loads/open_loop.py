@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from servelab.bench.client import RequestSpec, StreamClient
+from servelab.bench.client import RequestSpec
+from servelab.bench.sender import Sender
 from servelab.bench.loads.arrivals import Arrival, schedule_ns
 from servelab.bench.loads.common import Recorder, Target, level_running, make_spec
 from servelab.bench.loads.control import LevelControl
@@ -40,7 +41,7 @@ def rate_tag(rate: float) -> str:
     return f"r{rate:g}"
 
 
-async def run_rate(client: StreamClient, workload, target: Target, recorder: Recorder, *, rate: float,
+async def run_rate(client: Sender, workload, target: Target, recorder: Recorder, *, rate: float,
                    arrival: Arrival = "poisson", burstiness: float = 1.0, seed: int = 0,
                    requests: int | None = None, duration_s: float | None = None,
                    max_concurrency: int | None = None, tag: str | None = None,
@@ -69,13 +70,13 @@ async def run_rate(client: StreamClient, workload, target: Target, recorder: Rec
 
     # A pool of workers (bench/workers/) takes each request this long before its time and holds it until then
     # on the worker's clock; this process's own client sends at the time (lead 0).
-    lead_ns = getattr(client, "dispatch_lead_ns", 0)
+    lead_ns = client.dispatch_lead_ns
     start_ns = time.perf_counter_ns() + START_LEAD_NS
     async with level_running(control, recorder, client, start_ns) as level:
         measured = level.measured
         for k, offset in enumerate(offsets):
             due_ns = start_ns + offset
-            await _sleep_until(due_ns - lead_ns, control)
+            await sleep_until(due_ns - lead_ns, control)
             if not control.may_send(due_ns):
                 break
             spec = prebuilt[k] if k < len(prebuilt) else make_spec(workload, target, recorder, tag)
@@ -86,7 +87,7 @@ async def run_rate(client: StreamClient, workload, target: Target, recorder: Rec
     return measured, control.window()
 
 
-async def _sleep_until(due_ns: int, control: LevelControl) -> None:
+async def sleep_until(due_ns: int, control: LevelControl) -> None:
     """Sleep until `due_ns`; long waits (a low rate) in steps, so a level that ends meanwhile stops waiting. Never
     returns early: an event loop's timer may fire up to a millisecond before its time (uvloop rounds to whole
     milliseconds), so a short sleep is checked again, and the send is never ahead of its schedule."""

@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import time
 
-from servelab.bench.client import StreamClient
+from servelab.bench.sender import Sender
 from servelab.bench.loads.common import Recorder, Target, level_running
 from servelab.bench.loads.control import LevelControl
-from servelab.bench.loads.open_loop import START_LEAD_NS, _sleep_until
+from servelab.bench.loads.open_loop import START_LEAD_NS, sleep_until
 from servelab.records import RequestRecord
 
 
-async def run_trace(client: StreamClient, workload, target: Target, recorder: Recorder, *, count: int | None = None,
+async def run_trace(client: Sender, workload, target: Target, recorder: Recorder, *, count: int | None = None,
                     tag: str = "trace", control: LevelControl | None = None
                     ) -> tuple[list[RequestRecord], tuple[int, int]]:
     """Replay the first `count` entries of `workload` (a TraceWorkload; None: all of them)."""
@@ -41,7 +41,7 @@ async def run_trace(client: StreamClient, workload, target: Target, recorder: Re
         measured = level.measured
         for spec, offset in zip(specs, offsets):
             due_ns = start_ns + offset
-            await _sleep_until(due_ns, control)
+            await sleep_until(due_ns, control)
             if not control.may_send(due_ns):
                 break
             control.sending(due_ns)

@@ -420,6 +420,10 @@ class WorkerPool:
 
     # ---- what the run records ----
     @property
+    def processes(self) -> int:
+        return self.count
+
+    @property
     def local_pids(self) -> list[int]:
         """The workers' processes on this host (their CPU is the client's, not other load)."""
         return [int(w.hello["pid"]) for w in self.workers
