@@ -21,16 +21,6 @@ ROOT = Path(__file__).resolve().parent.parent / "servelab"
 # as it stood, and a circle among some of them passes while the work goes on. Empty this list as they go: the
 # test then holds the whole package to "no circles".
 IN_PROGRESS: list[frozenset[str]] = [
-    # per-request figure functions are moving below tally and metrics
-    frozenset(
-        {
-            "servelab.bench.tally",
-            "servelab.bench.metrics",
-            "servelab.bench.slo",
-            "servelab.bench.failures",
-            "servelab.bench.cache_figures",
-        }
-    ),
     # the load modes are becoming plug-ins on one level runner
     frozenset(
         {

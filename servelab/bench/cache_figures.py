@@ -4,8 +4,8 @@ A row is what one successful request tells about the engine's cache: the prompt 
 it (`usage.cached_tokens`: llama.cpp's `timings.cache_n` or `usage.prompt_tokens_details.cached_tokens`, vLLM's
 and SGLang's `usage.prompt_tokens_details.cached_tokens`), the prompt's length as the server counted it
 (`usage.prompt_tokens`), the request's turn in its conversation (None for single-turn workloads) and its TTFT.
-Nothing here reads a RequestRecord: the level's summary builds the rows (bench/metrics.py `cache_row`), so the
-figures can be computed from compact values as records stream to disk.
+Nothing here but `cache_row` reads a RequestRecord: the level's tally builds one row per request as it is folded
+(bench/tally.py), so the figures can be computed from compact values as records stream to disk.
 
 Figures (each None when no request reported cached tokens):
 - cache_hit_ratio: cached ÷ prompt tokens over the requests that reported both (token-weighted); its
@@ -22,7 +22,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from servelab.records import Distribution, Figure, TurnFigures
+from servelab.bench.figures import FIGURES
+from servelab.bench.request_figures import ttft_ns
+from servelab.bench.sketch import distribution
+from servelab.records import Figure, TurnFigures
 
 CACHED_SHARE = 0.5  # a request with at least this share of its prompt served from cache counts as "cached"
 
@@ -32,12 +35,6 @@ class CacheRow(NamedTuple):
     prompt_tokens: int | None  # the server's usage.prompt_tokens (or what the workload built, without usage)
     turn: int | None  # 1-based turn in its conversation; None for single-turn workloads
     ttft_ms: float | None
-
-
-def _distribution(values: list[float]) -> Distribution | None:
-    from servelab.bench.metrics import distribution  # metrics.py calls this module; import when used
-
-    return distribution(values)
 
 
 def _reported(row: CacheRow) -> bool:
@@ -64,18 +61,18 @@ def cache_figures(rows: Iterable[CacheRow], total: int | None = None
         prompt = sum(r.prompt_tokens for r in reported)  # type: ignore[misc]
         note = f"{len(reported)} of {total if total is not None else len(rows)} requests reported cached prompt tokens"
         shares = [share(r) for r in reported]
-        figures["cache_hit_ratio"] = Figure(value=cached / prompt, unit="fraction", definition="cache-hit-ratio",
-                                            dist=_distribution(shares), note=note)  # type: ignore[arg-type]
-        counts = _distribution([float(r.cached_tokens) for r in reported])  # type: ignore[arg-type]
-        figures["cached_tokens"] = Figure(value=counts.mean if counts else None, unit="tokens",
-                                          definition="cached-tokens", dist=counts, note=note)
+        figures["cache_hit_ratio"] = FIGURES["cache_hit_ratio"].make(
+            cached / prompt, dist=distribution(shares), note=note)  # type: ignore[arg-type]
+        counts = distribution([float(r.cached_tokens) for r in reported])  # type: ignore[arg-type]
+        figures["cached_tokens"] = FIGURES["cached_tokens"].make(counts.mean if counts else None, dist=counts,
+                                                                 note=note)
         for key, cached_side, words in (("ttft_cached_ms", True, "at least"), ("ttft_uncached_ms", False,
                                                                                   "less than")):
-            ttfts = _distribution([r.ttft_ms for r in reported
+            ttfts = distribution([r.ttft_ms for r in reported
                                    if r.ttft_ms is not None and (share(r) >= CACHED_SHARE) == cached_side])
-            figures[key] = Figure(value=ttfts.p50 if ttfts else None, unit="ms", definition="ttft-by-cache",
-                                  dist=ttfts, note=f"requests with {words} {CACHED_SHARE:.0%} of their prompt "
-                                                   f"served from cache")
+            figures[key] = FIGURES[key].make(ttfts.p50 if ttfts else None, dist=ttfts,
+                                             note=f"requests with {words} {CACHED_SHARE:.0%} of their prompt "
+                                                  f"served from cache")
     return figures, turn_figures(rows)
 
 
@@ -92,7 +89,7 @@ def turn_figures(rows: Iterable[CacheRow]) -> list[TurnFigures]:
         prompt_sum = sum(r.prompt_tokens for r in reported)  # type: ignore[misc]
         out.append(TurnFigures(
             turn=turn, requests=len(group),
-            ttft_ms=_distribution([r.ttft_ms for r in group if r.ttft_ms is not None]),
+            ttft_ms=distribution([r.ttft_ms for r in group if r.ttft_ms is not None]),
             prompt_tokens_mean=sum(prompts) / len(prompts) if prompts else None,
             cached_tokens_mean=sum(r.cached_tokens for r in reported) / len(reported) if reported else None,
             cached_share=sum(r.cached_tokens for r in reported) / prompt_sum if prompt_sum else None))
@@ -102,8 +99,6 @@ def turn_figures(rows: Iterable[CacheRow]) -> list[TurnFigures]:
 def cache_row(r) -> CacheRow:
     """The row of one successful RequestRecord: the one place a record becomes a row (the level's accumulator
     can build the same row as each record finishes)."""
-    from servelab.bench.metrics import ttft_ns
-
     usage = r.usage
     prompt = usage.prompt_tokens if usage is not None and usage.prompt_tokens is not None else r.input_tokens
     ttft = ttft_ns(r)

@@ -3,28 +3,21 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
+from servelab.bench.tally import LevelTally
 from servelab.records import ErrorCount, RequestRecord, Summary
 
 TOP_ERRORS = 5
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 def top_errors(records: Sequence[RequestRecord], limit: int = TOP_ERRORS) -> list[ErrorCount]:
     """The most common failures among `records` (cancelled requests are no failures), most frequent first.
     Requests are grouped by error kind, HTTP status and detail with its numbers masked (a timeout's detail names
-    how long it waited); each group keeps the first request's detail as its excerpt."""
-    from servelab.bench.tally import LevelTally
-
+    how long it waited: bench/request_figures.py error_key); each group keeps the first request's detail as its
+    excerpt."""
     tally = records if isinstance(records, LevelTally) else LevelTally.from_records(records)
     return tally.top_errors(limit)
-
-
-def error_key(r: RequestRecord) -> tuple:
-    """What groups failures: kind, HTTP status, and the detail with its numbers masked."""
-    return (r.error_kind, r.http_status, _NUMBER.sub("#", r.error_detail or ""))
 
 
 def error_line(e: ErrorCount, width: int = 160) -> str:

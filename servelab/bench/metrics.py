@@ -10,91 +10,30 @@ out of every figure and error count, since they did not run to their end (docs/m
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import cached_property
 
 from servelab.bench.cache_figures import cache_figures
+from servelab.bench.figures import FIGURES, LEVEL_FIGURES, LevelFigure
+# Re-exported (`x as x`): compare, the exports, the charts, the load modes and the benchmarks read the per-request
+# quantities, the percentile and the tally's constructor through this module.
+from servelab.bench.request_figures import NS_PER_MS as NS_PER_MS
+from servelab.bench.request_figures import NS_PER_S as NS_PER_S
+from servelab.bench.request_figures import chunk_gaps_ms as chunk_gaps_ms
+from servelab.bench.request_figures import decode_span as decode_span
+from servelab.bench.request_figures import decode_tok_s as decode_tok_s
+from servelab.bench.request_figures import e2e_ns as e2e_ns
+from servelab.bench.request_figures import is_cancelled as is_cancelled
+from servelab.bench.request_figures import token_events as token_events
+from servelab.bench.request_figures import token_gaps_ms as token_gaps_ms
+from servelab.bench.request_figures import tpot_ms as tpot_ms
+from servelab.bench.request_figures import ttfo_ns as ttfo_ns
+from servelab.bench.request_figures import ttft_ns as ttft_ns
 from servelab.bench.sketch import RELATIVE_ACCURACY, Samples
-from servelab.bench.sketch import percentile as percentile  # noqa: PLC0414 - the one definition, re-exported
+from servelab.bench.sketch import distribution as distribution
+from servelab.bench.sketch import percentile as percentile
 from servelab.bench.tally import LevelTally, finite
-from servelab.records import CountMethod, Distribution, Figure, RequestRecord, Summary
-
-NS_PER_MS = 1_000_000
-NS_PER_S = 1_000_000_000
-
-
-def distribution(values: Iterable[float]) -> Distribution | None:
-    v = sorted(values)
-    if not v:
-        return None
-    return Distribution(n=len(v), mean=sum(v) / len(v), min=v[0], p50=percentile(v, 50), p90=percentile(v, 90),
-                        p95=percentile(v, 95), p99=percentile(v, 99), max=v[-1])
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Per-request quantities
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def token_events(r: RequestRecord) -> list[tuple[int, int]]:
-    """(time, tokens) of the events that carried at least one token, in arrival order."""
-    return [(e.t_ns, e.tokens) for e in r.events if e.tokens > 0]
-
-
-def ttft_ns(r: RequestRecord) -> int | None:
-    """Time to first token of any kind (reasoning included)."""
-    ev = token_events(r)
-    return ev[0][0] - r.t_send_ns if ev else None
-
-
-def ttfo_ns(r: RequestRecord) -> int | None:
-    """Time to first answer (non-reasoning) token."""
-    for e in r.events:
-        if e.tokens > 0 and e.kind == "answer":
-            return e.t_ns - r.t_send_ns
-    return None
-
-
-def e2e_ns(r: RequestRecord) -> int | None:
-    return r.t_end_ns - r.t_send_ns if r.t_end_ns is not None else None
-
-
-def decode_span(r: RequestRecord) -> tuple[int, int] | None:
-    """(tokens after the first event, ns from the first to the last token event), or None if undefined."""
-    ev = token_events(r)
-    if len(ev) < 2:
-        return None
-    tokens = sum(t for _, t in ev[1:])
-    span = ev[-1][0] - ev[0][0]
-    return (tokens, span) if tokens > 0 and span > 0 else None
-
-
-def decode_tok_s(r: RequestRecord) -> float | None:
-    span = decode_span(r)
-    return span[0] * NS_PER_S / span[1] if span else None
-
-
-def tpot_ms(r: RequestRecord) -> float | None:
-    span = decode_span(r)
-    return span[1] / span[0] / NS_PER_MS if span else None
-
-
-def token_gaps_ms(r: RequestRecord) -> list[float]:
-    """Inter-token latency per token: an event carrying k tokens after a gap g contributes k samples of g/k."""
-    ev = token_events(r)
-    gaps: list[float] = []
-    for (t_prev, _), (t, k) in zip(ev, ev[1:]):
-        gaps.extend([(t - t_prev) / k / NS_PER_MS] * k)
-    return gaps
-
-
-def chunk_gaps_ms(r: RequestRecord) -> list[float]:
-    """Gaps between consecutive token-bearing events, one sample per event."""
-    ev = token_events(r)
-    return [(t - t_prev) / NS_PER_MS for (t_prev, _), (t, _) in zip(ev, ev[1:])]
-
-
-def is_cancelled(r: RequestRecord) -> bool:
-    """Stopped by the client while in flight (Ctrl-C): incomplete, but neither a success nor a failure."""
-    return r.error_kind == "cancelled"
+from servelab.bench.tally import as_tally as as_tally
+from servelab.records import CountMethod, Figure, RequestRecord, Summary
 
 
 def counted_by(records: Sequence[RequestRecord]) -> CountMethod | str | None:
@@ -109,60 +48,24 @@ def counted_by(records: Sequence[RequestRecord]) -> CountMethod | str | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _fig(values: Iterable[float | None], unit: str, definition: str, method, headline: str = "p50",
-         note: str | None = None) -> Figure:
-    dist = distribution(v for v in values if v is not None)
-    value = getattr(dist, headline) if dist else None
-    return Figure(value=value, unit=unit, definition=definition, counted_by=method, dist=dist, note=note)
-
-
 def summarize(records: Sequence[RequestRecord] | LevelTally, *, tag: str, mode: str, concurrency: int,
               window: tuple[int, int], slos: Sequence | None = None) -> Summary:
-    """Figures for one load level. `window` = (start_ns, end_ns) over which aggregate rates are computed.
-    With `slos` (bench/slo.py targets), also goodput and SLO attainment.
+    """Figures for one load level, in the order of bench/figures.py, each from its function in `MEASURES`.
+    `window` = (start_ns, end_ns) over which aggregate rates are computed. With `slos` (bench/slo.py targets),
+    also goodput and SLO attainment.
 
     `records` is the level's records, or the LevelTally they were folded into as they finished (bench/tally.py):
     either way the figures come from the tally, so a level summarised live and the same records read back
     later give the same numbers."""
-    tally = as_tally(records, slos)
-    ws, we = window
-    window_s = max(we - ws, 0) / NS_PER_S
-    method = tally.counted_by()
-    timing_method = None  # pure timings do not depend on how tokens were counted
+    level = LevelInputs(as_tally(records, slos), window, slos)
+    figures: dict[str, Figure] = {}
+    for spec in LEVEL_FIGURES:
+        fig = MEASURES[spec.key](spec, level)
+        if fig is not None:
+            figures[spec.key] = fig
+    _, turns = level.cache
 
-    in_window_tokens, in_window_answer, _ = tally.in_window(window)
-    completed_in_window = tally.completed_in(window)
-    figures: dict[str, Figure] = {
-        "output_tok_s": Figure(value=in_window_tokens / window_s if window_s > 0 else None, unit="tok/s",
-                               definition="output-tok-s", counted_by=method),
-        "request_s": Figure(value=completed_in_window / window_s if window_s > 0 else None, unit="req/s",
-                            definition="request-s", counted_by=timing_method),
-        "decode_tok_s": _fig(finite(tally.decode_tok_s), "tok/s", "decode-tok-s", method),
-        "ttft_ms": _fig(finite(tally.ttft_ms), "ms", "ttft", method),
-        "ttfo_ms": _fig(finite(tally.ttfo_ms), "ms", "ttfo", method),
-        "itl_ms": _samples_fig(tally.itl, "ms", "itl", method),
-        "itl_chunk_ms": _samples_fig(tally.itl_chunk, "ms", "itl-chunk", timing_method),
-        "tpot_ms": _fig(finite(tally.tpot_ms), "ms", "tpot", method),
-        "e2e_ms": _fig(tally.e2e_ms(), "ms", "e2e", timing_method),
-        "output_tokens": _fig(tally.output_tokens, "tokens", "output-tokens", method, headline="mean"),
-        # Reasoning apart from the answer (docs/metrics.md#reasoning): the figures that mean the same whether or
-        # not an engine thinks.
-        "answer_tok_s": Figure(value=in_window_answer / window_s if window_s > 0 else None, unit="tok/s",
-                               definition="answer-tok-s", counted_by=method),
-        "reasoning_tokens": _fig(tally.reasoning_tokens, "tokens", "reasoning-tokens", method, headline="mean"),
-        "answer_tokens": _fig(tally.answer_tokens, "tokens", "answer-tokens", method, headline="mean"),
-        "reasoning_share": _reasoning_share(tally, method),
-    }
-    lags = finite(tally.lag_ms)
-    if lags:
-        figures["client_lag_ms"] = _fig(lags, "ms", "client-lag", None, headline="p99")
-    if slos:
-        figures.update(goodput_figures(tally, slos, window))
-
-    # issue 16: prefix-cache figures from one compact row per successful request (bench/cache_figures.py)
-    cache, turns = cache_figures(tally.cache_rows, total=tally.ok)
-    figures.update(cache)
-
+    tally, method = level.tally, level.method
     ok, failed, cancelled, measured = tally.ok, tally.failed, tally.cancelled, tally.measured
     warnings = _tally_warnings(tally)
     if failed:
@@ -177,26 +80,115 @@ def summarize(records: Sequence[RequestRecord] | LevelTally, *, tag: str, mode: 
         warnings.append("tokens were counted as one per SSE chunk: the server gave no per-chunk token counts "
                         "and no tokenizer was used; token figures are approximate")
     return Summary(tag=tag, mode=mode, concurrency=concurrency, requests=measured, ok=ok, failed=failed,
-                   cancelled=cancelled, errors=dict(tally.errors), window_s=window_s, figures=figures,
+                   cancelled=cancelled, errors=dict(tally.errors), window_s=level.window_s, figures=figures,
                    warnings=warnings, turns=turns)
 
 
-def as_tally(records: Sequence[RequestRecord] | LevelTally, slos: Sequence | None = None) -> LevelTally:
-    """The tally of `records` (itself when it is one). A tally must have been told the SLO targets it is
-    asked about: it judged each request against them as it was folded."""
-    if isinstance(records, LevelTally):
-        if slos and [s.key for s in slos] != [s.key for s in records.slos]:
-            raise ValueError("this level was tallied without these SLO targets")
-        return records
-    return LevelTally.from_records(records, slos=slos)
+class LevelInputs:
+    """What a level's figures are computed from: its tally, its window and what was counted inside it, how its
+    tokens were counted, and the figures computed together (goodput, the prefix cache) once for all of them."""
+
+    def __init__(self, tally: LevelTally, window: tuple[int, int], slos: Sequence | None):
+        self.tally, self.window, self.slos = tally, window, slos
+        ws, we = window
+        self.window_s = max(we - ws, 0) / NS_PER_S
+        self.method = tally.counted_by()
+        self.tokens, self.answer_tokens, _ = tally.in_window(window)
+        self.completed = tally.completed_in(window)
+
+    @cached_property
+    def goodput(self) -> tuple[float | None, float | None]:
+        return goodput(self.tally, self.slos or (), self.window)
+
+    @cached_property
+    def cache(self):
+        """(figures, per-turn figures) of the prefix cache (bench/cache_figures.py), from one compact row per
+        successful request."""
+        return cache_figures(self.tally.cache_rows, total=self.tally.ok)
 
 
-def _samples_fig(samples: Samples, unit: str, definition: str, method) -> Figure:
+Measure = Callable[[LevelFigure, LevelInputs], Figure | None]  # None: the level has no such figure
+
+
+def _window_rate(count: Callable[[LevelInputs], int]) -> Measure:
+    def measure(spec: LevelFigure, level: LevelInputs) -> Figure:
+        value = count(level) / level.window_s if level.window_s > 0 else None
+        return spec.make(value, counted_by=level.method)
+    return measure
+
+
+def _over_requests(values: Callable[[LevelInputs], Iterable[float]]) -> Measure:
+    """A distribution over the level's successful requests, its value the entry's headline statistic."""
+    def measure(spec: LevelFigure, level: LevelInputs) -> Figure:
+        return _distribution_figure(spec, values(level), level.method)
+    return measure
+
+
+def _distribution_figure(spec: LevelFigure, values: Iterable[float], method) -> Figure:
+    dist = distribution(values)
+    return spec.make(getattr(dist, spec.headline) if dist else None, dist=dist, counted_by=method)
+
+
+def _over_token_gaps(samples: Callable[[LevelTally], Samples]) -> Measure:
+    """A distribution over every token gap of the level's successful requests (exact, then sketched)."""
+    def measure(spec: LevelFigure, level: LevelInputs) -> Figure:
+        return _samples_fig(spec, samples(level.tally), level.method)
+    return measure
+
+
+def _client_lag(spec: LevelFigure, level: LevelInputs) -> Figure | None:
+    lags = finite(level.tally.lag_ms)
+    return _distribution_figure(spec, lags, None) if lags else None  # only requests with a schedule lag
+
+
+def _reasoning_share_measure(spec: LevelFigure, level: LevelInputs) -> Figure:
+    return _reasoning_share(level.tally, level.method)
+
+
+def _goodput_rate(spec: LevelFigure, level: LevelInputs) -> Figure | None:
+    return spec.make(level.goodput[0], note=_targets(level.slos)) if level.slos else None  # only with targets
+
+
+def _slo_attainment(spec: LevelFigure, level: LevelInputs) -> Figure | None:
+    return spec.make(level.goodput[1], note=_targets(level.slos)) if level.slos else None
+
+
+def _from_cache(spec: LevelFigure, level: LevelInputs) -> Figure | None:
+    return level.cache[0].get(spec.key)  # none when no request reported cached tokens
+
+
+# Each figure of bench/figures.py, by key: how it is computed from a level (tests/test_figures.py holds the two to
+# the same keys).
+MEASURES: dict[str, Measure] = {
+    "output_tok_s": _window_rate(lambda level: level.tokens),
+    "request_s": _window_rate(lambda level: level.completed),
+    "decode_tok_s": _over_requests(lambda level: finite(level.tally.decode_tok_s)),
+    "ttft_ms": _over_requests(lambda level: finite(level.tally.ttft_ms)),
+    "ttfo_ms": _over_requests(lambda level: finite(level.tally.ttfo_ms)),
+    "itl_ms": _over_token_gaps(lambda tally: tally.itl),
+    "itl_chunk_ms": _over_token_gaps(lambda tally: tally.itl_chunk),
+    "tpot_ms": _over_requests(lambda level: finite(level.tally.tpot_ms)),
+    "e2e_ms": _over_requests(lambda level: level.tally.e2e_ms()),
+    "output_tokens": _over_requests(lambda level: level.tally.output_tokens),
+    "answer_tok_s": _window_rate(lambda level: level.answer_tokens),
+    "reasoning_tokens": _over_requests(lambda level: level.tally.reasoning_tokens),
+    "answer_tokens": _over_requests(lambda level: level.tally.answer_tokens),
+    "reasoning_share": _reasoning_share_measure,
+    "client_lag_ms": _client_lag,
+    "goodput_req_s": _goodput_rate,
+    "slo_attainment": _slo_attainment,
+    "cache_hit_ratio": _from_cache,
+    "cached_tokens": _from_cache,
+    "ttft_cached_ms": _from_cache,
+    "ttft_uncached_ms": _from_cache,
+}
+
+
+def _samples_fig(spec: LevelFigure, samples: Samples, method) -> Figure:
     dist = samples.distribution()
     note = (f"percentiles from a quantile sketch (DDSketch, within {RELATIVE_ACCURACY:.1%} of the sample at "
             f"their rank) over {samples.n:,} samples; count, mean, min and max exact" if samples.sketched else None)
-    return Figure(value=dist.p50 if dist else None, unit=unit, definition=definition, counted_by=method,
-                  dist=dist, note=note)
+    return spec.make(getattr(dist, spec.headline) if dist else None, dist=dist, note=note, counted_by=method)
 
 
 def _reasoning_share(tally: LevelTally, method) -> Figure:
@@ -204,8 +196,8 @@ def _reasoning_share(tally: LevelTally, method) -> Figure:
     request by request (the distribution)."""
     total = sum(tally.output_tokens)
     per_request = [r / o for r, o in zip(tally.reasoning_tokens, tally.output_tokens) if o]
-    return Figure(value=sum(tally.reasoning_tokens) / total if total else None, unit="fraction",
-                  definition="reasoning-share", counted_by=method, dist=distribution(per_request))
+    return FIGURES["reasoning_share"].make(sum(tally.reasoning_tokens) / total if total else None,
+                                           dist=distribution(per_request), counted_by=method)
 
 
 def reasoning_share(ok: Sequence[RequestRecord], method) -> Figure:
@@ -255,11 +247,6 @@ def saw_reasoning(levels: Iterable[Summary]) -> bool:
     return False
 
 
-def _generated(r: RequestRecord) -> int:
-    """Tokens generated, by the server's own count when it gave one (it sees the EOS token a client cannot)."""
-    return r.usage.completion_tokens if r.usage and r.usage.completion_tokens is not None else r.output_tokens
-
-
 def goodput(records: Sequence[RequestRecord] | LevelTally, slos: Sequence, window: tuple[int, int]
             ) -> tuple[float | None, float | None]:
     """(goodput in req/s, SLO attainment): requests that met every target and ended inside the window, per second
@@ -277,20 +264,12 @@ def goodput(records: Sequence[RequestRecord] | LevelTally, slos: Sequence, windo
 def goodput_figures(records: Sequence[RequestRecord] | LevelTally, slos: Sequence, window: tuple[int, int]
                     ) -> dict[str, Figure]:
     rate, fraction = goodput(records, slos, window)
-    targets = ",".join(f"{s.key}={s.limit_ms:g}" for s in slos)
-    return {"goodput_req_s": Figure(value=rate, unit="req/s", definition="goodput", note=targets),
-            "slo_attainment": Figure(value=fraction, unit="fraction", definition="slo-attainment", note=targets)}
+    return {"goodput_req_s": FIGURES["goodput_req_s"].make(rate, note=_targets(slos)),
+            "slo_attainment": FIGURES["slo_attainment"].make(fraction, note=_targets(slos))}
 
 
-def _eos_only(r: RequestRecord) -> bool:
-    """A client tokenizer cannot see the end-of-sequence token, which servers count in usage: a request that
-    stopped on EOS is one token short by construction, not by error."""
-    return (r.count_method == "client_tokenizer" and r.finish_reason == "stop" and r.usage is not None
-            and r.usage.completion_tokens == r.output_tokens + 1)
-
-
-def _ms(ns: int | None) -> float | None:
-    return ns / NS_PER_MS if ns is not None else None
+def _targets(slos: Sequence) -> str:
+    return ",".join(f"{s.key}={s.limit_ms:g}" for s in slos)
 
 
 def peak_figures(levels: Sequence[Summary], *, load_key: str, load: Callable[[Summary], float], load_unit: str,

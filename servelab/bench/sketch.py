@@ -23,6 +23,15 @@ EXACT_LIMIT = 1_000_000  # 8 MB of float64: beyond this, a level's gaps go into 
 RELATIVE_ACCURACY = 0.005
 
 
+def distribution(values) -> Distribution | None:
+    """The Distribution of every value given, exactly (None when there is none)."""
+    v = sorted(values)
+    if not v:
+        return None
+    return Distribution(n=len(v), mean=sum(v) / len(v), min=v[0], p50=percentile(v, 50), p90=percentile(v, 90),
+                        p95=percentile(v, 95), p99=percentile(v, 99), max=v[-1])
+
+
 class Samples:
     """Add samples (with a repeat count), merge two, read a Distribution or any percentile."""
 
@@ -142,9 +151,7 @@ class Samples:
         if self.n == 0:
             return None
         if self._exact is not None:
-            v = sorted(self._exact)
-            return Distribution(n=len(v), mean=sum(v) / len(v), min=v[0], p50=percentile(v, 50),
-                                p90=percentile(v, 90), p95=percentile(v, 95), p99=percentile(v, 99), max=v[-1])
+            return distribution(self._exact)
         q = self._sketch.get_quantile_value
         clamp = lambda x: min(max(x, self._min), self._max)  # noqa: E731 - the sketch's bins can overshoot
         return Distribution(n=self.n, mean=self._sum / self.n, min=self._min, p50=clamp(q(0.50)),

@@ -21,7 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servelab.bench import metrics
+from servelab.bench.request_figures import is_cancelled, token_gaps_ms
+# A request judged against targets is a per-request quantity (bench/request_figures.py), where the tally reads it;
+# re-exported as part of what an SLO is.
+from servelab.bench.request_figures import request_meets as request_meets
+from servelab.bench.request_figures import request_value_ms as request_value_ms
+from servelab.bench.sketch import Samples
+from servelab.bench.tally import as_tally
 from servelab.errors import UserError
 from servelab.records import RequestRecord
 
@@ -69,45 +75,17 @@ def parse_slos(text: str | None) -> list[SLO]:
     return list(slos.values())
 
 
-def request_value_ms(r: RequestRecord, slo: SLO) -> float | None:
-    """The request's own value for a target's quantity (ITL: the target's statistic over its token gaps)."""
-    if slo.quantity == "ttft":
-        return _ms(metrics.ttft_ns(r))
-    if slo.quantity == "ttfo":
-        return _ms(metrics.ttfo_ns(r))
-    if slo.quantity == "e2e":
-        return _ms(metrics.e2e_ns(r))
-    if slo.quantity == "tpot":
-        return metrics.tpot_ms(r)
-    gaps = sorted(metrics.token_gaps_ms(r))
-    return metrics.percentile(gaps, slo.q) if gaps else None
-
-
-def request_meets(r: RequestRecord, slos: Sequence[SLO]) -> bool:
-    if not r.ok:
-        return False
-    for slo in slos:
-        value = request_value_ms(r, slo)
-        if value is None:
-            if slo.quantity in ("itl", "tpot"):
-                continue  # fewer than two token events: no gap can have broken the target
-            return False
-        if value > slo.limit_ms:
-            return False
-    return True
-
-
 def level_values(records: Sequence[RequestRecord], slo: SLO) -> list[float]:
     """The samples a level's statistic is taken over; a failed request is one infinite sample, a cancelled one
     none (it did not run to its end, and nothing failed)."""
     values: list[float] = []
     for r in records:
-        if r.warmup or metrics.is_cancelled(r):
+        if r.warmup or is_cancelled(r):
             continue
         if not r.ok:
             values.append(math.inf)
         elif slo.quantity == "itl":
-            values.extend(metrics.token_gaps_ms(r))
+            values.extend(token_gaps_ms(r))
         else:
             v = request_value_ms(r, slo)
             if v is not None:
@@ -120,9 +98,7 @@ def level_values(records: Sequence[RequestRecord], slo: SLO) -> list[float]:
 def level_verdict(records, slos: Sequence[SLO]) -> dict[str, Any]:
     """{"passed", "targets": {key: {"limit_ms", "observed_ms", "passed"}}}: the shape stored in Summary.slo.
     `records`: a level's records or its LevelTally (bench/tally.py); the samples are those of `level_values`."""
-    from servelab.bench.sketch import Samples
-
-    tally = metrics.as_tally(records)
+    tally = as_tally(records)
     targets: dict[str, Any] = {}
     for slo in slos:
         if slo.quantity == "itl":
@@ -150,7 +126,3 @@ def level_verdict(records, slos: Sequence[SLO]) -> dict[str, Any]:
 
 def describe(slos: Sequence[SLO]) -> str:
     return ",".join(f"{s.key}={s.limit_ms:g}" for s in slos)
-
-
-def _ms(ns: int | None) -> float | None:
-    return ns / metrics.NS_PER_MS if ns is not None else None

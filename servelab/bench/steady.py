@@ -18,12 +18,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servelab.bench.metrics import NS_PER_S, percentile
+from servelab.bench.figures import WITHHELD_KEYS
+# The window rates (bench/figures.py): they mean nothing without a steady window, while per-request latencies stay
+# (they are real measurements of the requests that finished). Pooled across trials by bench/trials.py.
+from servelab.bench.figures import AGGREGATE_KEYS as AGGREGATE_KEYS
+from servelab.bench.request_figures import NS_PER_S
+from servelab.bench.sketch import percentile
+from servelab.bench.tally import as_tally
 from servelab.records import RequestRecord, SteadyState, Summary
 
-# Aggregate figures that mean nothing without a steady window; per-request latencies stay (they are real
-# measurements of the requests that finished).
-AGGREGATE_KEYS = ("output_tok_s", "answer_tok_s", "request_s", "goodput_req_s")
 KEEP_UP_FRACTION = 0.5  # open loop: completions in the window below this share of those due in it
 KEEP_UP_MIN_DUE = 4  # fewer due than this: too few to say
 TOLERANCE_S = 1e-6  # a window that ends where K x p50 is reached is long enough, whatever the float rounding
@@ -91,8 +94,6 @@ def judge(records, window: tuple[int, int], rule: SteadyRule, *, ended_by: str |
     "failing" (most had failed when its duration ran out), "gone" (connections refused in a row), "fd_limit"
     (the client ran out of file descriptors), "stalled" (the server stopped answering: `stall_reason` says how),
     "duration" (no rule applied), "interrupted"."""
-    from servelab.bench.metrics import as_tally
-
     tally = as_tally(records)
     ok, failed = tally.ok, tally.failed
     ws, we = window
@@ -175,7 +176,7 @@ def withhold(summary: Summary) -> None:
     """Blank the aggregate figures of a level that is not measured (again after figures were added to it)."""
     if summary.steady is None or summary.steady.measured:
         return
-    for key in AGGREGATE_KEYS:
+    for key in WITHHELD_KEYS:
         fig = summary.figures.get(key)
         if fig is not None:
             fig.value = None

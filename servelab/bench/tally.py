@@ -27,6 +27,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from servelab.bench.cache_figures import cache_row
+from servelab.bench.request_figures import (error_key, generated_tokens, is_cancelled, one_short_by_eos,
+                                            request_meets, ttfo_ns)
 from servelab.bench.sketch import Samples
 from servelab.records import ErrorCount, RequestRecord
 
@@ -148,22 +150,18 @@ class LevelTally:
         """One finished request into the tally. This runs in the client's event loop as each request ends, where
         its time delays the reading of every other stream's tokens: each event list is walked a few times in
         C-level passes (comprehensions, sum, min, max), never once per event in Python statements."""
-        from servelab.bench import metrics  # metrics builds its figures on this module
-
-        status = 0 if r.ok else 2 if metrics.is_cancelled(r) else 1
+        status = 0 if r.ok else 2 if is_cancelled(r) else 1
         self.status.append(status)
         self.t_send.append(r.t_send_ns)
         self.t_end.append(r.t_end_ns if r.t_end_ns is not None else NONE_NS)
         self.lag_ms.append((r.t_send_ns - r.scheduled_ns) / NS_PER_MS if r.scheduled_ns is not None else NAN)
-        carrying = [e for e in r.events if e.tokens > 0]  # metrics.token_events, as TokenEvents
+        carrying = [e for e in r.events if e.tokens > 0]  # request_figures.token_events, as TokenEvents
         times = [e.t_ns for e in carrying]
         counts = [e.tokens for e in carrying]
         output = sum(counts)
         answer = sum([e.tokens for e in carrying if e.kind == "answer"])
         self.client_tokens += output
         if self.slos:
-            from servelab.bench.slo import request_meets
-
             self.meets.append(1 if status != 2 and request_meets(r, self.slos) else 0)
         if self.count_window and carrying:
             self._fold_events(carrying, times, output, answer, status == 0)
@@ -176,9 +174,9 @@ class LevelTally:
         self.count_methods.add(r.count_method)
         self.ok_end.append(r.t_end_ns if r.t_end_ns is not None else NONE_NS)
         self.ttft_ms.append(_ms(times[0] - r.t_send_ns) if times else NAN)
-        self.ttfo_ms.append(_ms(metrics.ttfo_ns(r)))
+        self.ttfo_ms.append(_ms(ttfo_ns(r)))
         self.e2e_ns.append(r.t_end_ns - r.t_send_ns if r.t_end_ns is not None else NONE_NS)
-        # metrics.decode_span, from the lists above: tokens after the first event, over first to last event
+        # request_figures.decode_span, from the lists above: tokens after the first event, over first to last event
         decode_tokens, decode_ns = output - (counts[0] if counts else 0), (times[-1] - times[0] if times else 0)
         decoded = len(times) > 1 and decode_tokens > 0 and decode_ns > 0
         self.decode_tok_s.append(decode_tokens * NS_PER_S / decode_ns if decoded else NAN)
@@ -225,8 +223,6 @@ class LevelTally:
                 self._pending_flags.append((1 if ok else 0) | (2 if e.kind == "answer" else 0))
 
     def _group_error(self, r: RequestRecord) -> None:
-        from servelab.bench.failures import error_key
-
         key = error_key(r)
         if key in self._groups:
             self._groups[key].count += 1
@@ -235,11 +231,9 @@ class LevelTally:
                                            detail=r.error_detail, count=1)
 
     def _warnings(self, r: RequestRecord, output: int) -> None:
-        from servelab.bench.metrics import _eos_only, _generated
-
         usage = r.usage
         if usage and usage.completion_tokens is not None and usage.completion_tokens != output \
-                and not _eos_only(r):
+                and not one_short_by_eos(r):
             self._warn("usage", f"request {r.index}: {output} counted by {r.count_method}, "
                                 f"{usage.completion_tokens} in usage")
         if r.sampling.get("ignore_eos") and r.max_tokens is not None and output != r.max_tokens:
@@ -249,8 +243,8 @@ class LevelTally:
             self._warn("prompt", f"request {r.index}: {r.input_tokens} sent, {usage.prompt_tokens} in "
                                  f"usage.prompt_tokens")
         min_tokens = r.sampling.get("min_tokens")
-        if isinstance(min_tokens, int) and _generated(r) < min_tokens:
-            self._warn("min_tokens", f"request {r.index}: {_generated(r)} of at least {min_tokens}")
+        if isinstance(min_tokens, int) and generated_tokens(r) < min_tokens:
+            self._warn("min_tokens", f"request {r.index}: {generated_tokens(r)} of at least {min_tokens}")
 
     def _warn(self, key: str, example: str) -> None:
         self.warn_counts[key] += 1
@@ -322,6 +316,16 @@ class LevelTally:
     def ttft_mean_ms(self) -> float | None:
         values = [v for v in self.ttft_ms if not math.isnan(v)]
         return sum(values) / len(values) if values else None
+
+
+def as_tally(records: Sequence[RequestRecord] | LevelTally, slos: Sequence | None = None) -> LevelTally:
+    """The tally of `records` (itself when it is one). A tally must have been told the SLO targets it is
+    asked about: it judged each request against them as it was folded."""
+    if isinstance(records, LevelTally):
+        if slos and [s.key for s in slos] != [s.key for s in records.slos]:
+            raise ValueError("this level was tallied without these SLO targets")
+        return records
+    return LevelTally.from_records(records, slos=slos)
 
 
 def finite(values: Iterable[float]) -> list[float]:
