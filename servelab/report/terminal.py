@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.text import Text
 
 from servelab.bench.failures import error_line
+from servelab.bench.figures import LEVEL_FIGURES, TerminalColumn
 from servelab.records import BenchResult, CheckResult, Figure, LintFinding, RunSummary, Summary, VerifyResult
 from servelab.report.tables import Col, key_col, print_table, text_col
 from servelab.textsafe import inert
@@ -46,31 +47,32 @@ def render_lint(console: Console, findings: list[LintFinding]) -> None:
                            "can do", style="bold red reverse"))
 
 
-def _dist_cells(fig: Figure | None) -> list[str]:
-    if fig is None or fig.dist is None:
-        return ["–", "–"]
-    return [fmt(fig.dist.p50), fmt(fig.dist.p99)]
-
-
 def sent_cell(s: Summary, label: str = "") -> str:
     """`ok/sent`, with the failed and the cancelled (in flight at Ctrl-C) named when there are any."""
     extra = ", ".join(f"{n} {what}" for n, what in ((s.failed, "failed"), (s.cancelled, "cancelled")) if n)
     return f"{s.ok}/{s.requests}{label}" + (f" ({extra})" if extra else "")
 
 
-# Two-line headers: the name, then the unit and statistic. Numbers never wrap (report/tables.py).
-LEVEL_COLUMNS = [key_col("level"), Col("ok/sent"), Col("output\ntok/s"), Col("req/s"), Col("decode\ntok/s p50"),
-                 Col("TTFT\nms p50"), Col("TTFT\nms p99"), Col("ITL\nms p50"), Col("ITL\nms p99"),
-                 Col("E2E\nms p50")]
+# The figures' columns, as bench/figures.py declares them (`terminal`): two-line headers, the name, then the unit
+# and statistic. Numbers never wrap (report/tables.py).
+_FIGURE_COLUMNS = [(fig.key, column) for fig in LEVEL_FIGURES for column in fig.terminal]
+LEVEL_COLUMNS = [key_col("level"), Col("ok/sent")] + [Col(column.header) for _, column in _FIGURE_COLUMNS]
+
+
+def figure_cell(fig: Figure | None, column: TerminalColumn) -> str:
+    """A figure's value, or one statistic of its distribution, as its column shows it ("–" when it has none)."""
+    if fig is None:
+        return "–"
+    if column.stat == "value":
+        return fmt(fig.value, column.digits)
+    return fmt(getattr(fig.dist, column.stat), column.digits) if fig.dist is not None else "–"
 
 
 def render_levels(console: Console, result: BenchResult) -> None:
     rows = []
     for s in result.levels:
-        f = s.figures
-        rows.append([level_cell(s), sent_cell(s), fmt(f["output_tok_s"].value), fmt(f["request_s"].value, 2),
-                     fmt(f["decode_tok_s"].value), *_dist_cells(f.get("ttft_ms")), *_dist_cells(f.get("itl_ms")),
-                     fmt(f["e2e_ms"].value, 0)])
+        rows.append([level_cell(s), sent_cell(s)]
+                    + [figure_cell(s.figures.get(key), column) for key, column in _FIGURE_COLUMNS])
     print_table(console, inert(f"{result.mode} bench {result.url} (model {result.model})"), LEVEL_COLUMNS, rows)
     for warning in result.warnings:
         console.print(Text(f"  warning: {inert(warning)}", style="yellow"))

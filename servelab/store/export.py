@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.bench import metrics
+from servelab.bench.figures import LEVEL_FIGURES
 from servelab.errors import UserError
 from servelab.records import RequestRecord, Summary
 from servelab.store.files import ensure_output_dir, output_file, write_output
@@ -40,24 +41,30 @@ RECORD_COLUMNS = [
     "answer_tokens", "usage_reasoning_tokens", "conversation", "turn",
 ]
 
-LEVEL_SCALARS = ["output_tok_s", "request_s", "goodput_req_s", "slo_attainment"]
-LEVEL_DISTRIBUTIONS = ["ttft_ms", "ttfo_ms", "itl_ms", "itl_chunk_ms", "tpot_ms", "e2e_ms", "decode_tok_s",
-                       "output_tokens", "client_lag_ms"]
 STATS = ["n", "mean", "min", "p50", "p90", "p95", "p99", "max"]
+# The figures with columns, in the order bench/figures.py places them (their `csv`).
+_CSV_FIGURES = sorted((f for f in LEVEL_FIGURES if f.csv is not None), key=lambda f: f.csv.position)
+# The environment columns were appended after the figures levels.csv had then (positions up to this one); figures
+# added since come after them, so no column ever moves.
+_FIGURES_BEFORE_ENVIRONMENT = 13
 # What the machine did during the level (Summary.environment; docs/metrics.md#environment), empty when not sampled.
 LEVEL_ENVIRONMENT = ["other_cpu_cores_mean", "client_cpu_cores_mean", "engine_cpu_cores_mean", "load1_mean",
                      "steal_pct"]
-# Reasoning apart from the answer and the prefix cache (docs/metrics.md#reasoning, #cache): added after the
-# columns above, so they come last; empty when a level does not have the figure (no request reported cached
-# tokens, a summary written before the figure existed).
-LEVEL_LATER_SCALARS = ["answer_tok_s", "reasoning_share", "cache_hit_ratio"]
-LEVEL_LATER_DISTRIBUTIONS = ["answer_tokens", "reasoning_tokens", "cached_tokens", "ttft_cached_ms",
-                             "ttft_uncached_ms"]
+
+
+def _figure_columns(figures) -> list[str]:
+    """A figure's value (`output_tok_s`), or one column per statistic of its distribution (`ttft_ms_p50`). A cell is
+    empty when a level does not have the figure (no request reported cached tokens, a summary written before the
+    figure existed)."""
+    return [column for f in figures
+            for column in ([f"{f.key}_{stat}" for stat in STATS] if f.csv.stats else [f.key])]
+
+
 LEVEL_COLUMNS = (["trial", "tag", "mode", "concurrency", "rate", "requests", "ok", "failed", "cancelled",
-                  "errors", "window_s", "counted_by", "slo_passed"] + LEVEL_SCALARS
-                 + [f"{name}_{stat}" for name in LEVEL_DISTRIBUTIONS for stat in STATS]
+                  "errors", "window_s", "counted_by", "slo_passed"]
+                 + _figure_columns(f for f in _CSV_FIGURES if f.csv.position <= _FIGURES_BEFORE_ENVIRONMENT)
                  + ["contended"] + LEVEL_ENVIRONMENT + ["warnings"]
-                 + LEVEL_LATER_SCALARS + [f"{name}_{stat}" for name in LEVEL_LATER_DISTRIBUTIONS for stat in STATS])
+                 + _figure_columns(f for f in _CSV_FIGURES if f.csv.position > _FIGURES_BEFORE_ENVIRONMENT))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -96,13 +103,14 @@ def level_row(s: Summary) -> dict[str, Any]:
         "errors": ";".join(f"{k}:{v}" for k, v in sorted(s.errors.items())) or None,
         "window_s": s.window_s, "counted_by": s.figures["output_tok_s"].counted_by if "output_tok_s" in s.figures
         else None, "slo_passed": s.slo["passed"] if s.slo else None, "warnings": " | ".join(s.warnings) or None}
-    for name in LEVEL_SCALARS + LEVEL_LATER_SCALARS:
-        fig = s.figures.get(name)
-        row[name] = fig.value if fig else None
-    for name in LEVEL_DISTRIBUTIONS + LEVEL_LATER_DISTRIBUTIONS:
-        dist = s.figures[name].dist if name in s.figures else None
+    for spec in _CSV_FIGURES:
+        fig = s.figures.get(spec.key)
+        if not spec.csv.stats:
+            row[spec.key] = fig.value if fig else None
+            continue
+        dist = fig.dist if fig else None
         for stat in STATS:
-            row[f"{name}_{stat}"] = getattr(dist, stat) if dist else None
+            row[f"{spec.key}_{stat}"] = getattr(dist, stat) if dist else None
     env = s.environment
     row["contended"] = env.contended if env else None
     for name in LEVEL_ENVIRONMENT:
@@ -160,7 +168,7 @@ def load_run(run_dir: Path) -> tuple[RecordsFile, list[Summary], list[str]]:
         levels = levels_of(doc, summary_path)
         if doc.get("interrupted") or doc.get("status") == "interrupted" or any(
                 (doc.get(k) or {}).get("interrupted") for k in ("single", "sweep")) or any(
-                (t.get(k) or {}).get("interrupted") for t in doc.get("trials") or [] for k in ("single", "sweep")):
+                b.get("interrupted") for t in doc.get("trials") or [] for b in _benches_of(t)):
             notes.append("the run was interrupted: its last level is partial")
     else:
         notes.append("no summary.json (the run ended before writing it): records only, no levels")
@@ -168,17 +176,24 @@ def load_run(run_dir: Path) -> tuple[RecordsFile, list[Summary], list[str]]:
 
 
 def levels_of(doc: dict[str, Any], where: Path) -> list[Summary]:
-    """The level summaries of a BenchResult (`bench --out`) or a RunSummary (`run`: per trial, single then sweep;
-    a summary from before trials holds single and sweep directly)."""
+    """The level summaries of a BenchResult (`bench --out`) or a RunSummary (`run`: per trial, each step in order;
+    a trial from before steps holds single and sweep, and a summary from before trials holds them directly)."""
     if "levels" in doc:
         raw = doc["levels"]
     else:
         holders = doc.get("trials") or [doc]
-        raw = [lv for t in holders for key in ("single", "sweep") if t.get(key) for lv in t[key].get("levels", [])]
+        raw = [lv for t in holders for bench in _benches_of(t) for lv in bench.get("levels", [])]
     try:
         return [Summary.model_validate(lv) for lv in raw]
     except ValueError as exc:
         raise UserError(f"{where}: a level does not have the expected shape: {str(exc).splitlines()[0]}") from None
+
+
+def _benches_of(trial: dict[str, Any]) -> list[dict[str, Any]]:
+    """A trial's benches in order, as summary.json holds them (steps, or before steps `single` and `sweep`)."""
+    if trial.get("steps"):
+        return [s["result"] for s in trial["steps"] if isinstance(s, dict) and s.get("result")]
+    return [trial[key] for key in ("single", "sweep") if trial.get(key)]
 
 
 def export_run_dir(run_dir: Path, fmt: str, to: Path | None = None) -> tuple[list[Path], list[str]]:
