@@ -38,11 +38,20 @@ ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="SERVELAB_
                                                   help="Bearer token for the server. Never written anywhere.")]
 
 
-# The engines `up` can launch (engines/__init__.py REGISTRY; a test keeps the two in step). Written out rather
-# than imported: the registry imports every adapter, which `servelab --help` should not wait for.
-ENGINES_HELP = ("llamacpp (the embedded llama.cpp, default model smollm2), llama-server, llama-cpp-python, vllm, "
-                "sglang, tgi, transformers-serve, command (any command line after --), replay-sglang and "
-                "replay-vllm (SGLang's and vLLM's start-ups replayed)")
+# `up`'s engine argument lists the registered engines, from the adapters' titles (engines.describe_engines). The
+# registry imports every adapter, which no other command's start or help should wait for: the list is filled in
+# only once the command line names `up` (main_options runs before the subcommand parses its --help).
+ENGINE_ARG_HELP = "Engine to launch (the list: servelab up --help)."
+
+
+def _list_engines_in_up_help(ctx: typer.Context) -> None:
+    if ctx.invoked_subcommand != "up" or not isinstance(ctx.command, typer.core.TyperGroup):
+        return
+    from servelab.engines import describe_engines
+
+    for param in ctx.command.commands["up"].params:
+        if param.name == "engine":
+            param.help = f"Engine to launch: {describe_engines()}."
 
 
 def _help_keeps_hyphenated_words() -> None:
@@ -72,10 +81,12 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main_options(
+    ctx: typer.Context,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for unexpected errors.")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True)] = False,
 ) -> None:
     _state["debug"] = debug
+    _list_engines_in_up_help(ctx)
 
 
 def _out_console(as_json: bool) -> Console:
@@ -86,7 +97,7 @@ def _out_console(as_json: bool) -> Console:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def up(
     ctx: typer.Context,
-    engine: Annotated[str, typer.Argument(help=f"Engine to launch: {ENGINES_HELP}.")],
+    engine: Annotated[str, typer.Argument(help=ENGINE_ARG_HELP)],
     model: Annotated[str, typer.Option("--model", "-m", help="Known model name (smollm2) or a path.")] = "smollm2",
     port: Annotated[Optional[int], typer.Option(help="Port (default: a free one).")] = None,
     host: Annotated[str, typer.Option(help="Interface to bind; loopback unless you ask.")] = "127.0.0.1",

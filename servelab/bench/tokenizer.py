@@ -17,7 +17,6 @@ request stopped on EOS; metrics knows this and does not flag it.
 from __future__ import annotations
 
 import asyncio
-
 import json
 import re
 from collections.abc import Sequence
@@ -28,6 +27,9 @@ from typing import Protocol
 import aiohttp
 
 from servelab.errors import UserError
+from servelab.protocol.tokenize import ENDPOINTS
+
+LLAMA_CPP_TOKENIZE = ENDPOINTS["llama.cpp"]
 
 
 class Tokenizer(Protocol):
@@ -98,7 +100,7 @@ class LlamaCppServerTokenizer:
                 if not text:
                     out.append([])
                     continue
-                async with session.post(self.base_url + "/tokenize",
+                async with session.post(self.base_url + LLAMA_CPP_TOKENIZE.path,
                                         json={"content": text, "with_pieces": True,
                                               "add_special": False}) as resp:
                     body = json.loads(await resp.read())
@@ -127,7 +129,8 @@ async def probe_server_tokenizer(session: aiohttp.ClientSession, base_url: str,
     """Whether the server offers llama.cpp's /tokenize with pieces (no answer within `timeout_s`: it does not)."""
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(base_url + "/tokenize", json={"content": "a b", "with_pieces": True}) as resp:
+            async with session.post(base_url + LLAMA_CPP_TOKENIZE.path, json={"content": "a b", "with_pieces": True}
+                                    ) as resp:
                 if resp.status != 200:
                     return False
                 body = json.loads(await resp.read())

@@ -30,6 +30,16 @@ REGISTRY: dict[str, type[EngineAdapter]] = {
 }
 
 
+def describe_engines() -> str:
+    """Every registered engine for a help text, by name with its title where the title says more:
+    "llamacpp (llama.cpp server (xllamacpp)), llama-server (llama.cpp llama-server), ..., sglang, vllm, ..."."""
+    def plain(text: str) -> str:
+        return "".join(ch for ch in text.lower() if ch.isalnum())
+
+    return ", ".join(name if plain(adapter.title) == plain(name) else f"{name} ({adapter.title})"
+                     for name, adapter in REGISTRY.items())
+
+
 def get_engine(name: str) -> EngineAdapter:
     try:
         return REGISTRY[name.lower()]()
@@ -38,4 +48,4 @@ def get_engine(name: str) -> EngineAdapter:
         raise UserError(f"unknown engine '{name}'", hint=f"known engines: {known}") from None
 
 
-__all__ = ["REGISTRY", "EngineAdapter", "EngineSpec", "Launch", "PhasePattern", "get_engine"]
+__all__ = ["REGISTRY", "EngineAdapter", "EngineSpec", "Launch", "PhasePattern", "describe_engines", "get_engine"]

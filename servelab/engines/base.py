@@ -2,7 +2,8 @@
 
 An adapter turns an EngineSpec into a command line, names the log lines that mark its start-up phases, says what
 its readiness probe's answers mean while it starts, lints its configuration, and names its Prometheus metrics.
-Adding an engine is one new module in `servelab/engines/` plus one line in the registry (`engines/__init__.py`).
+Adding an engine is one new module in `servelab/engines/` plus one line in the registry (`engines/__init__.py`):
+its help line, its prompt counter, its tokenize endpoint and its reasoning advice all come from the adapter.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
+from servelab.protocol.tokenize import TokenizeAPI
 from servelab.records import LintFinding
 
 
@@ -50,6 +52,9 @@ class PhasePattern:
 
 
 ProbeState = Literal["down", "loading", "ready", "unknown"]
+# Whose way of separating a model's thinking from its answer the engine follows: the fix a verdict suggests
+# (engines/reasoning_families.py) is written per kind.
+ReasoningKind = Literal["sglang", "vllm", "llamacpp"]
 
 
 @dataclass
@@ -116,6 +121,14 @@ class EngineAdapter:
     metric_names: ClassVar[dict[str, str]] = {}
     # Where an engine that is running can be asked what it was started with (the first that answers JSON wins).
     config_paths: ClassVar[list[str]] = []
+    # The server's token-count endpoint, by family (protocol/tokenize.py); None: it has none. Exact prompt lengths
+    # use it where it applies the chat template (llama.cpp, vllm, sglang).
+    tokenize_api: ClassVar[TokenizeAPI | None] = None
+    # Whether a prompt can be counted by asking for one token and reading usage.prompt_tokens, where no endpoint
+    # applies the chat template: an OpenAI-style server reports usage; an arbitrary command may not.
+    counts_prompts_by_usage: ClassVar[bool] = True
+    # Whose reasoning-parser flags the engine takes; None: none servelab knows how to advise on.
+    reasoning_kind: ClassVar[ReasoningKind | None] = None
 
     # ---- launching ----
     def launch(self, spec: EngineSpec, port: int) -> Launch:

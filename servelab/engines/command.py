@@ -20,6 +20,7 @@ from servelab.errors import UserError
 
 class CommandEngine(EngineAdapter):
     name = "command"
+    counts_prompts_by_usage = False  # whatever the command serves: it is not known what counting costs there
     title = "command"
     install_hint = "give the command with --extra \"PROGRAM ARGS ... {port}\""
 

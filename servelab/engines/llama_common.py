@@ -69,6 +69,8 @@ class LlamaCppFamily(EngineAdapter):
     ready_line = LLAMA_SERVER_READY
     failure_lines = LLAMA_SERVER_FAILURE
     probe_path = "/health"
+    tokenize_api = "llama.cpp"  # /tokenize, and /apply-template for the chat template
+    reasoning_kind = "llamacpp"
     # `timings_per_token` makes every chunk carry `timings.predicted_n`, the server's running count of generated
     # tokens: exact per-event token counts without a client tokenizer.
     stream_extras = {"timings_per_token": True}

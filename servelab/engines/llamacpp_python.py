@@ -45,6 +45,7 @@ LLAMACPP_PYTHON_PHASES = [
 
 class LlamaCppPython(EngineAdapter):
     name = "llama-cpp-python"
+    tokenize_api = "llama-cpp-python"  # bare text only: prompts are counted by usage
     title = "llama-cpp-python server"
     install_hint = INSTALL
     phases = LLAMACPP_PYTHON_PHASES

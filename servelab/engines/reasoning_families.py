@@ -125,21 +125,8 @@ def family_of(*models: object) -> ReasoningFamily | None:
     return None
 
 
+# By EngineAdapter.reasoning_kind: an adapter names whose reasoning-parser flags it takes.
 ENGINE_TITLES = {"sglang": "SGLang", "vllm": "vLLM", "llamacpp": "llama.cpp"}
-
-
-def engine_kind(adapter_name: str | None) -> str | None:
-    """'sglang', 'vllm' or 'llamacpp' for an adapter name (replays and llama-server included); None otherwise."""
-    if not adapter_name:
-        return None
-    name = adapter_name.lower()
-    if "sglang" in name:
-        return "sglang"
-    if "vllm" in name:
-        return "vllm"
-    if name in ("llamacpp", "llama-server"):
-        return "llamacpp"
-    return None
 
 
 def fix_for(engine: str | None, family: ReasoningFamily | None) -> str:

@@ -98,6 +98,8 @@ _BOOL_RULES: list[tuple[str, str, str]] = [
 
 class SGLang(EngineAdapter):
     name = "sglang"
+    tokenize_api = "sglang"
+    reasoning_kind = "sglang"
     title = "SGLang"
     install_hint = INSTALL
     phases = SGLANG_PHASES

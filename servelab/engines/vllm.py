@@ -76,6 +76,8 @@ _EAGER_WHY = "no CUDA graphs and no torch.compile: decode pays Python and kernel
 
 class VLLM(EngineAdapter):
     name = "vllm"
+    tokenize_api = "vllm"
+    reasoning_kind = "vllm"
     title = "vLLM"
     install_hint = INSTALL
     phases = VLLM_PHASES

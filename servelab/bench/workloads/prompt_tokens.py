@@ -37,7 +37,10 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from servelab.engines import REGISTRY
+from servelab.engines.base import EngineAdapter
 from servelab.errors import UserError
+from servelab.protocol.tokenize import ENDPOINTS, LLAMA_CPP_APPLY_TEMPLATE
 
 Messages = list[dict[str, Any]]
 
@@ -108,10 +111,11 @@ class LlamaCppPromptCounter(ServerCounter):
 
     async def count_prompt_tokens(self, messages_or_prompt: str | Messages) -> int:
         if isinstance(messages_or_prompt, list):
-            templated = await self._post("/apply-template", {"messages": messages_or_prompt})
+            templated = await self._post(LLAMA_CPP_APPLY_TEMPLATE, {"messages": messages_or_prompt})
             prompt = templated.get("prompt")
             if not isinstance(prompt, str):
-                raise UserError(f"{self.base_url}/apply-template answered without a prompt: {str(templated)[:120]}")
+                raise UserError(f"{self.base_url}{LLAMA_CPP_APPLY_TEMPLATE} answered without a prompt: "
+                                f"{str(templated)[:120]}")
             return await self._tokens(prompt, special=True)
         return await self._tokens(messages_or_prompt, special=True)
 
@@ -119,10 +123,11 @@ class LlamaCppPromptCounter(ServerCounter):
         return await self._tokens(text, special=False)
 
     async def _tokens(self, text: str, *, special: bool) -> int:
-        body = await self._post("/tokenize", {"content": text, "add_special": special, "parse_special": special})
+        path = ENDPOINTS["llama.cpp"].path
+        body = await self._post(path, {"content": text, "add_special": special, "parse_special": special})
         tokens = body.get("tokens")
         if not isinstance(tokens, list):
-            raise UserError(f"{self.base_url}/tokenize answered without tokens: {str(body)[:120]}")
+            raise UserError(f"{self.base_url}{path} answered without tokens: {str(body)[:120]}")
         return len(tokens)
 
 
@@ -131,7 +136,7 @@ class VLLMPromptCounter(ServerCounter):
     prompt."""
 
     name = "server:vLLM /tokenize (messages with add_generation_prompt, no extra special tokens)"
-    path = "/tokenize"
+    path = ENDPOINTS["vllm"].path
 
     async def count_prompt_tokens(self, messages_or_prompt: str | Messages) -> int:
         if isinstance(messages_or_prompt, list):
@@ -203,7 +208,7 @@ class SGLangPromptCounter(ServerCounter):
 
     name = ("server:SGLang /v1/tokenize (messages through its chat template; on an SGLang whose /v1/tokenize takes "
             "only a prompt: usage.prompt_tokens of a max_tokens=1 chat request)")
-    path = "/v1/tokenize"
+    path = ENDPOINTS["sglang"].path
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, model: str | None = None):
         super().__init__(session, base_url, model)
@@ -231,20 +236,27 @@ class SGLangPromptCounter(ServerCounter):
         return self._count(self.path, await self._post(self.path, payload))
 
 
-# Engine name (engines/ registry) -> counter class. Engines missing here cannot give exact synthetic lengths.
-# The replays answer their engine's tokenize endpoint (engines/replay_http.py) and are detected as that engine.
-COUNTERS: dict[str, type[ServerCounter]] = {
-    "llamacpp": LlamaCppPromptCounter,
-    "llama-server": LlamaCppPromptCounter,
+# The counter for each tokenize endpoint that applies the chat template (protocol/tokenize.py). Which engine has
+# which is the adapter's `tokenize_api`; the replays answer their engine's endpoint (engines/replay_http.py).
+COUNTER_BY_API: dict[str, type[ServerCounter]] = {
+    "llama.cpp": LlamaCppPromptCounter,
     "vllm": VLLMPromptCounter,
-    "replay-vllm": VLLMPromptCounter,
     "sglang": SGLangPromptCounter,
-    "replay-sglang": SGLangPromptCounter,
-    # No tokenize endpoint that applies the chat template: the usage fallback.
-    "tgi": UsagePromptCounter,
-    "llama-cpp-python": UsagePromptCounter,
-    "transformers-serve": UsagePromptCounter,
 }
+
+
+def counter_class(adapter: type[EngineAdapter] | EngineAdapter) -> type[ServerCounter] | None:
+    """The counter for an engine: its chat-template tokenize endpoint's, else the usage fallback where the engine
+    reports usage (TGI, llama-cpp-python, transformers serve), else None."""
+    api = adapter.tokenize_api
+    if api in COUNTER_BY_API:
+        return COUNTER_BY_API[api]
+    return UsagePromptCounter if adapter.counts_prompts_by_usage else None
+
+
+# Engine name (engines/ registry) -> counter class. Engines missing here cannot give exact synthetic lengths.
+COUNTERS: dict[str, type[ServerCounter]] = {
+    name: cls for name, adapter in REGISTRY.items() if (cls := counter_class(adapter)) is not None}
 
 
 def counter_for(engine: str | None, session: aiohttp.ClientSession, base_url: str, model: str | None = None

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from servelab.engines.reasoning_families import ReasoningFamily, engine_kind, family_of, fix_for
+from servelab.engines.reasoning_families import ReasoningFamily, family_of, fix_for
 from servelab.verify.checks.common import is_int, quoted
 from servelab.verify.checks.registry import CheckContext, Findings
 
@@ -112,7 +112,7 @@ async def served_engine(ctx: CheckContext) -> str | None:
         from servelab.engines.detect import detect_engine  # imports every adapter: only when a verdict needs it
 
         adapter = await detect_engine(ctx.session, ctx.base_url)
-        ctx.facts["engine"] = engine_kind(adapter.name if adapter else None)
+        ctx.facts["engine"] = adapter.reasoning_kind if adapter else None
     return ctx.facts["engine"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from servelab.protocol.tokenize import ENDPOINTS, LLAMA_CPP_APPLY_TEMPLATE, TokenizeEndpoint, token_count
 from servelab.verify.checks.common import (chat_body, check_usage, quoted, read_chat_stream, send_chat,
                                            send_stream, usage_counts)
 from servelab.verify.checks.limits import LONG_PROMPT
@@ -43,49 +44,37 @@ def fmt(counts: tuple[int, int, int]) -> str:
 
 # ---- usage_count -------------------------------------------------------------------------------------------------
 
-# Tokenizer endpoints, tried in order: (name, path). `tokenize_body` says what each one is sent.
-TOKENIZERS: list[tuple[str, str]] = [
-    ("llama.cpp /tokenize", "/tokenize"),
-    ("vLLM /tokenize", "/tokenize"),
-    ("llama-cpp-python /extras/tokenize", "/extras/tokenize"),
-]
+# Tokenizer endpoints, tried in order (the server may be any engine, or none servelab knows): the families whose
+# bare-text count `tokenize_body` can ask for. `TokenizeEndpoint.title` names one in verdicts.
+TOKENIZERS: list[TokenizeEndpoint] = [ENDPOINTS["llama.cpp"], ENDPOINTS["vllm"], ENDPOINTS["llama-cpp-python"]]
 
 
-def tokenize_body(name: str, model: str, text: str, special: bool) -> dict[str, Any]:
-    if name.startswith("llama.cpp"):
+def tokenize_body(endpoint: TokenizeEndpoint, model: str, text: str, special: bool) -> dict[str, Any]:
+    if endpoint.api == "llama.cpp":
         return {"content": text, "add_special": special}
-    if name.startswith("vLLM"):
+    if endpoint.api == "vllm":
         return {"model": model, "prompt": text, "add_special_tokens": special}
     return {"input": text}  # llama-cpp-python adds special tokens its own way; the empty-text count corrects it
 
 
-def token_count(body: Any) -> int | None:
-    if isinstance(body, dict):
-        if isinstance(body.get("tokens"), list):
-            return len(body["tokens"])
-        if isinstance(body.get("count"), int):
-            return body["count"]
-    return None
-
-
-async def count_tokens(ctx: CheckContext, name: str, text: str, special: bool = False) -> int | None:
+async def count_tokens(ctx: CheckContext, endpoint: TokenizeEndpoint, text: str, special: bool = False
+                       ) -> int | None:
     assert ctx.model is not None
-    path = dict(TOKENIZERS)[name]
     try:
-        reply = await request_raw(ctx.session, "POST", ctx.base_url, path, tokenize_body(name, ctx.model, text,
-                                                                                          special))
+        reply = await request_raw(ctx.session, "POST", ctx.base_url, endpoint.path,
+                                  tokenize_body(endpoint, ctx.model, text, special))
     except BadResponse:
         return None
     return token_count(reply.json()) if 200 <= reply.status < 300 else None
 
 
-async def find_tokenizer(ctx: CheckContext) -> str | None:
+async def find_tokenizer(ctx: CheckContext) -> TokenizeEndpoint | None:
     """The first tokenizer endpoint that counts a test text, remembered for the run."""
     if "tokenizer" not in ctx.facts:
         ctx.facts["tokenizer"] = None
-        for name, _ in TOKENIZERS:
-            if await count_tokens(ctx, name, "Hello world") is not None:
-                ctx.facts["tokenizer"] = name
+        for endpoint in TOKENIZERS:
+            if await count_tokens(ctx, endpoint, "Hello world") is not None:
+                ctx.facts["tokenizer"] = endpoint
                 break
     return ctx.facts["tokenizer"]
 
@@ -95,7 +84,7 @@ async def usage_count(ctx: CheckContext, evidence: Evidence) -> Verdict:
     assert ctx.model is not None
     tokenizer = await find_tokenizer(ctx)
     if tokenizer is None:
-        tried = ", ".join(sorted({path for _, path in TOKENIZERS}))
+        tried = ", ".join(sorted({endpoint.path for endpoint in TOKENIZERS}))
         return skip(f"no tokenizer endpoint to count with (tried {tried}); servelab does not ship tokenizers")
     answer = await send_chat(ctx, evidence, chat_body(ctx.model, LONG_PROMPT, COUNT_MAX_TOKENS))
     counts = usage_counts(answer.usage)
@@ -104,14 +93,14 @@ async def usage_count(ctx: CheckContext, evidence: Evidence) -> Verdict:
     overhead = await count_tokens(ctx, tokenizer, "")  # a BOS token some endpoints always add
     counted = await count_tokens(ctx, tokenizer, answer.text)
     if counted is None or overhead is None:
-        return Verdict("fail", f"{tokenizer} stopped answering")
+        return Verdict("fail", f"{tokenizer.title} stopped answering")
     counted -= overhead
     findings = Findings()
     completion = counts[1]
     # Re-tokenizing a text need not give back the tokens that produced it (merges differ at the edges), and a
     # finish by end-of-sequence counts a token that has no text: allow a little.
     slack = max(2, completion // 10) + (1 if answer.finish_reason == "stop" else 0)
-    summary = f"completion_tokens {completion}, {tokenizer} counts {counted} for the answer"
+    summary = f"completion_tokens {completion}, {tokenizer.title} counts {counted} for the answer"
     if abs(completion - counted) > slack:
         findings.fail(f"{summary}: off by {abs(completion - counted)}, more than re-tokenization explains")
     elif completion != counted:
@@ -122,13 +111,14 @@ async def usage_count(ctx: CheckContext, evidence: Evidence) -> Verdict:
     return findings.verdict(f"{completion} completion tokens for {quoted(answer.text, 40)}")
 
 
-async def judge_prompt_count(ctx: CheckContext, tokenizer: str, prompt_tokens: int, findings: Findings) -> None:
+async def judge_prompt_count(ctx: CheckContext, tokenizer: TokenizeEndpoint, prompt_tokens: int,
+                             findings: Findings) -> None:
     """llama.cpp can render its chat template (/apply-template): then prompt_tokens can be checked too."""
-    if not tokenizer.startswith("llama.cpp"):
+    if tokenizer.api != "llama.cpp":
         return
     request = chat_body(ctx.model or "", LONG_PROMPT, COUNT_MAX_TOKENS)
     try:
-        reply = await request_raw(ctx.session, "POST", ctx.base_url, "/apply-template",
+        reply = await request_raw(ctx.session, "POST", ctx.base_url, LLAMA_CPP_APPLY_TEMPLATE,
                                   {"messages": request["messages"]})
     except BadResponse:
         return
