@@ -17,9 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-ROUND_TRIP_KEYS = ("t0", "dt", "tokens", "kinds")
-
-
 def encode(events: list, answer_text: str, reasoning_text: str, per_event_text: bool) -> dict[str, Any]:
     """The columns of `events` (TokenEvent objects, in arrival order)."""
     if not events:

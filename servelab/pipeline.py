@@ -275,15 +275,3 @@ class CellSession:
             self.summary.headline = run_headline(single, sweep)
             self.summary.excluded_trials = [t.index for t in excluded]
         self.rundir.write_json("summary.json", self.summary)
-
-
-def run_cell(plan: CellPlan, console: Console) -> RunSummary:
-    """One cell, one trial, start to end; the summary's status says how it ended (complete, failed,
-    interrupted)."""
-    session = CellSession(plan, console)
-    try:
-        if session.start():
-            session.bench_trial(0)
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted: the engine was stopped and partial results were written[/yellow]")
-    return session.finish()

@@ -7,7 +7,7 @@ from rich.text import Text
 
 from servelab.bench.failures import error_line
 from servelab.bench.figures import LEVEL_FIGURES, TerminalColumn
-from servelab.records import BenchResult, CheckResult, Figure, LintFinding, RunSummary, Summary, VerifyResult
+from servelab.records import BenchResult, Figure, LintFinding, Summary, VerifyResult
 from servelab.report.tables import Col, key_col, print_table, text_col
 from servelab.textsafe import inert
 
@@ -213,29 +213,6 @@ def render_headline(console: Console, headline: dict[str, Figure], title: str = 
     if not_representative:
         console.print(Text("NOT REPRESENTATIVE: a serious configuration finding applies to these numbers",
                            style="bold red reverse"))
-
-
-def render_run(console: Console, summary: RunSummary, run_path: str) -> None:
-    serious = bool(summary.launch and any(f.severity == "serious" for f in summary.launch.lint))
-    render_headline(console, summary.headline, title=f"servelab run {summary.run_id} ({summary.status})",
-                    not_representative=serious)
-    prov = summary.provenance
-    console.print(Text(inert(f"engine: {prov.engine_version or prov.engine}   "
-                             f"model: {prov.model_path or prov.model}")))
-    if prov.host:
-        console.print(f"host: {prov.host.cpu_model} ({prov.host.cpu_cores_logical} CPUs), "
-                      f"{(prov.host.ram_bytes or 0) / 2**30:.0f} GiB RAM"
-                      + (f", {len(prov.host.gpus)} GPU(s)" if prov.host.gpus else ", no GPU"))
-    load = prov.host_load
-    if load is not None and load.samples:
-        console.print(Text(f"host at start: load {fmt(load.load1_mean)}, other CPU {fmt(load.other_cpu_cores_mean, 2)}"
-                           " cores" + (f" (busy: {'; '.join(load.reasons)})" if load.contended else ""),
-                           style="yellow" if load.contended else ""))
-    console.print(f"written to {run_path}")
-
-
-def failed_checks(checks: list[CheckResult]) -> list[CheckResult]:
-    return [c for c in checks if c.outcome == "fail"]
 
 
 def level_line(s: Summary) -> str:
