@@ -295,3 +295,34 @@ def test_weight_budget_scales_with_the_checkpoint():
     assert sglang.phase_budget_s("loading weights", 1_000_000) == 120.0  # never below the minimum
     assert sglang.phase_budget_s("capturing CUDA graphs", None) == 900.0
     assert not is_serious(get_engine("vllm").lint(EngineSpec(engine="vllm", model="m"), ["vllm"]))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# An engine is its module and a registry line: what other parts need to know comes from the adapter
+# --------------------------------------------------------------------------------------------------------------
+
+def test_a_new_adapter_brings_its_help_line_prompt_counter_and_reasoning_advice(monkeypatch):
+    from servelab.bench.workloads.prompt_tokens import UsagePromptCounter, VLLMPromptCounter, counter_class
+    from servelab.engines import describe_engines
+    from servelab.engines.base import EngineAdapter
+
+    class Toy(EngineAdapter):
+        name = "toy"
+        title = "Toy Server"
+        tokenize_api = "vllm"  # answers vLLM's /tokenize
+        reasoning_kind = "vllm"
+
+    class Plain(EngineAdapter):
+        name = "plain"
+        title = "plain"
+
+    monkeypatch.setitem(REGISTRY, Toy.name, Toy)
+    monkeypatch.setitem(REGISTRY, Plain.name, Plain)
+    help_text = describe_engines()
+    assert "toy (Toy Server)" in help_text and ", plain" in help_text  # a title that only repeats the name is left out
+    assert counter_class(Toy) is VLLMPromptCounter
+    assert counter_class(Plain) is UsagePromptCounter  # no tokenize endpoint: the server's usage counts prompts
+    assert counter_class(REGISTRY["command"]) is None
+    assert {name: adapter.reasoning_kind for name, adapter in REGISTRY.items() if adapter.reasoning_kind} == {
+        "llamacpp": "llamacpp", "llama-server": "llamacpp", "sglang": "sglang", "vllm": "vllm",
+        "replay-sglang": "sglang", "replay-vllm": "vllm", "toy": "vllm"}
