@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 from servelab.engines import EngineSpec, get_engine
-from servelab.lifecycle.launch import free_port, start_engine
+from servelab.lifecycle.launch import start_engine
+from servelab.lifecycle.ports import free_port
 from servelab.provenance import host_info
 
 RESULTS = Path(__file__).parent / "results" / "ready_latency.json"

@@ -21,7 +21,8 @@ from rich.console import Console
 from servelab import engines
 from servelab.engines.base import EngineAdapter, EngineSpec, Launch, PhasePattern
 from servelab.errors import EngineFailed, UserError
-from servelab.lifecycle.launch import LaunchStatus, free_port, start_engine
+from servelab.lifecycle.launch import LaunchStatus, start_engine
+from servelab.lifecycle.ports import free_port
 from servelab.provenance import (
     REDACTED,
     git_revision,

@@ -18,7 +18,8 @@ import pytest
 from servelab.engines import EngineSpec, get_engine
 from servelab.errors import EngineFailed
 from servelab.lifecycle.doctor import diagnose
-from servelab.lifecycle.launch import LaunchStatus, http_get, start_engine
+from servelab.lifecycle.launch import LaunchStatus, start_engine
+from servelab.lifecycle.probe import http_get
 from servelab.lifecycle.readback import read_runtime_config
 
 TIMEOUT_S = 120

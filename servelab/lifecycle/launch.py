@@ -21,15 +21,15 @@ from servelab.errors import EngineFailed, UserError
 from servelab.lifecycle.diagnose import OOM_HINT, StartupJudge, crashed_verdict
 from servelab.lifecycle.evidence import EvidenceSampler, LogCounters
 from servelab.lifecycle.phases import LogTailer, PhaseTracker
-from servelab.lifecycle.ports import ensure_port_free, free_port, port_in_use
-from servelab.lifecycle.probe import POLL_S, PROBE_TIMEOUT_S, Prober, ProbeReading, http_get
-from servelab.lifecycle.running import LOG_TAIL_LINES, RunningEngine, launch_provenance
+from servelab.lifecycle.ports import ensure_port_free, free_port
+from servelab.lifecycle.probe import POLL_S, Prober, ProbeReading
+from servelab.lifecycle.running import LOG_TAIL_LINES, RunningEngine
 from servelab.lifecycle.supervisor import SupervisedProcess, start_process
 from servelab.provenance import utc_now_iso
 from servelab.records import LaunchResult, Verdict
 
-__all__ = ["LaunchStatus", "LaunchView", "PreparedLaunch", "RunningEngine", "prepare_launch", "STALL_ACTIONS", "ensure_port_free",
-           "free_port", "http_get", "port_in_use", "start_engine", "OOM_HINT", "PROBE_TIMEOUT_S", "launch_provenance"]
+__all__ = ["LaunchStatus", "LaunchView", "PreparedLaunch", "RunningEngine", "STALL_ACTIONS", "prepare_launch",
+           "start_engine"]
 
 UPDATE_EVERY_S = 0.5  # on_update is called at least this often, even when nothing changed
 SAMPLE_EVERY_S = 1.0  # evidence cadence: cheap (a /proc walk), and a stall budget is tens of seconds at least
