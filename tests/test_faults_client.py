@@ -737,7 +737,7 @@ def test_a_set_up_error_leaves_no_empty_run_directory(tmp_path: Path) -> None:
 
 
 def test_the_streams_a_load_needs_are_bounded_by_its_budget() -> None:
-    from servelab.bench.limits import streams_needed
+    from servelab.bench.modes import streams_needed
 
     assert streams_needed(build_options(BenchArgs(mode="concurrency", concurrency=10**9, requests=4))) == \
         (4, "--concurrency 1,000,000,000")
@@ -748,13 +748,13 @@ def test_the_streams_a_load_needs_are_bounded_by_its_budget() -> None:
 
 
 def test_a_sweep_stops_before_a_level_the_descriptor_limit_cannot_hold(cal, monkeypatch) -> None:
-    import servelab.bench.runner as runner_module
+    import servelab.bench.levels as levels_module
     from servelab.bench.limits import DescriptorShortage
 
     def limit_of_two(streams: int, what: str):
         if streams > 2:
             raise DescriptorShortage(f"{what} needs {streams:,} sockets at once", hint="raise `ulimit -n`")
-    monkeypatch.setattr(runner_module, "check_descriptors", limit_of_two)
+    monkeypatch.setattr(levels_module, "check_descriptors", limit_of_two)
     opts = options(mode="sweep", duration=1, max_concurrency=8, min_requests=2)
     opts.sweep_levels = None
     result = bench(cal.url, opts)

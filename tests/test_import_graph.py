@@ -21,14 +21,6 @@ ROOT = Path(__file__).resolve().parent.parent / "servelab"
 # as it stood, and a circle among some of them passes while the work goes on. Empty this list as they go: the
 # test then holds the whole package to "no circles".
 IN_PROGRESS: list[frozenset[str]] = [
-    # the load modes are becoming plug-ins on one level runner
-    frozenset(
-        {
-            "servelab.bench.runner",
-            "servelab.bench.plans",
-            "servelab.bench.conversation_plans",
-        }
-    ),
     # compare/ is being reworked (run data moving to one reader below it); the peer formats import their
     # package's shared types while the package's registry imports them
     frozenset(

@@ -61,16 +61,3 @@ def check_descriptors(streams: int, what: str) -> int | None:
         f"but this process may open only {soft:,} (`ulimit -n`; hard limit {hard_text})",
         hint=f"raise the limit (`ulimit -n {need}`, as root or in limits.conf if the hard limit is lower) or "
              f"offer fewer streams")
-
-
-def streams_needed(options) -> tuple[int, str] | None:
-    """The most concurrent streams a bench's options fix in advance, with the option that asks for them; None
-    when only the levels know (a sweep checks each level; open loop without a cap is caught as it runs)."""
-    plan = options.plan
-    if options.mode == "concurrency":
-        streams = plan.concurrency if plan.requests is None else min(plan.concurrency, plan.requests)
-        return streams, f"--concurrency {plan.concurrency:,}"
-    if options.mode in ("rate", "rate-sweep", "slo-search") and plan.max_concurrency:
-        streams = plan.max_concurrency if plan.requests is None else min(plan.max_concurrency, plan.requests)
-        return streams, f"--max-concurrency {plan.max_concurrency:,}"
-    return None

@@ -16,16 +16,16 @@ from pathlib import Path
 
 from servelab.bench.client import Deadlines
 from servelab.bench.loads.arrivals import ARRIVALS
-from servelab.bench.plans import PLAN_MODES, LoadPlan
-from servelab.bench.runner import BenchOptions
+from servelab.bench.modes import MODES
+from servelab.bench.plans import LoadPlan
 from servelab.bench.slo import parse_slos
+from servelab.bench.state import BenchOptions
 from servelab.bench.steady import SteadyRule
 from servelab.bench.workers import parse_workers
 from servelab.bench.workloads import (CHAT, COMPLETIONS, DATASET_FORMATS, OutputSpec, SharedPrefixWorkload,
                                       SyntheticWorkload, Workload, load_dataset, parse_length)
 from servelab.errors import UserError
 
-MODES = ("single", "sweep", *PLAN_MODES)
 DEFAULT_LEVEL_DURATION_S = 10.0
 DEFAULT_SINGLE_REQUESTS = 8
 DEFAULT_SWEEP_MAX_CONCURRENCY = 64
@@ -80,7 +80,7 @@ class BenchArgs:
     timeout_total: float | None = None
     workers: str | None = None  # "N" or "auto": send from worker processes (bench/workers/)
     ray: str | None = None  # "auto" or a Ray cluster's address: the workers as Ray actors
-    # Multi-turn conversations and trace replay (issue 16; bench/conversation_plans.py)
+    # Multi-turn conversations and trace replay (bench/modes/multiturn.py, replay.py)
     users: int | None = None  # multiturn, closed loop: simulated users
     turns: int = 6  # synthetic conversations: user turns each
     think_time: str | None = None  # between a user's turns: seconds, exp:MEAN or uniform:LO..HI

@@ -9,11 +9,11 @@ single-stream path. So, by default ("auto"), the warm-up is the load the run wil
   server says how many it has (llama.cpp's /props `total_slots`: more requests than slots would only queue);
 - then one request alone, so the single-stream path is warm too and the first level starts on an idle server.
 
-The highest concurrency the plan uses: 1 for single-stream, the sweep's top level (`max_concurrency`, or the
-levels a later trial repeats), `--concurrency` for one level, the users of a closed-loop multi-turn run, the
-highest concurrency an SLO search over concurrency may try; for open-loop modes (rate, rate-sweep, slo-search
-over rates, open-loop multi-turn, replay) the `--max-concurrency` cap on requests in flight, else
-OPEN_LOOP_STREAMS.
+The highest concurrency the plan uses, as each mode declares it (bench/modes/, `peak_streams`): 1 for
+single-stream, the sweep's top level (`max_concurrency`, or the levels a later trial repeats), `--concurrency` for
+one level, the users of a closed-loop multi-turn run, the highest concurrency an SLO search over concurrency may
+try; for open-loop modes (rate, rate-sweep, slo-search over rates, open-loop multi-turn, replay) the
+`--max-concurrency` cap on requests in flight, else OPEN_LOOP_STREAMS.
 
 `--warmup N` (an explicit number) keeps its meaning: N requests, one at a time (0: none). Every warm-up request
 is recorded with `warmup: true` and is outside every figure, level window and server-metric window.
@@ -22,6 +22,8 @@ is recorded with `warmup: true` and is outside every figure, level window and se
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from servelab.bench.modes import mode_of
 
 OPEN_LOOP_STREAMS = 4  # open loop without a cap: requests in flight for the auto warm-up
 
@@ -45,18 +47,8 @@ class WarmUp:
 
 def peak_streams(options) -> int:
     """The highest concurrency the bench's plan will use (OPEN_LOOP_STREAMS for open loop without a cap)."""
-    mode, plan = options.mode, options.plan
-    if mode == "single":
-        return 1
-    if mode == "sweep":
-        return max(options.sweep_levels) if options.sweep_levels else options.max_concurrency
-    if mode == "concurrency":
-        return plan.concurrency if plan.requests is None else min(plan.concurrency, plan.requests)
-    if mode == "slo-search" and plan.search == "concurrency":
-        return int(plan.search_max or options.max_concurrency)
-    if mode == "multiturn" and not plan.rates:  # closed loop: one stream per user
-        return plan.concurrency
-    return plan.max_concurrency or OPEN_LOOP_STREAMS  # open loop: rate, rate-sweep, slo-search by rate, replay
+    streams = mode_of(options).peak_streams(options)
+    return OPEN_LOOP_STREAMS if streams is None else streams
 
 
 def plan_warmup(options, server_slots: int | None = None) -> WarmUp:

@@ -14,10 +14,10 @@ measurement window ends (`window_end_ns`):
 - failures: the first `give_up_after` requests all failed: the level ends early, whatever its duration.
 - failing: most requests had failed when the duration ran out: the level is not extended.
 - gone: `give_up_after` requests in a row could not connect (connection refused: the server died mid-level):
-  the level ends at once, and the bench with it (bench/runner.py).
+  the level ends at once, and the bench with it (bench/levels.py).
 - stalled: the level's first requests reached the same deadline before anything else (STALL_AFTER in a row
   timed out before their first token, or went idle, and none succeeded): the server stopped answering. The level
-  ends at once, the rest of it is not sent, and the bench stops with it (bench/runner.py): a request more would
+  ends at once, the rest of it is not sent, and the bench stops with it (bench/levels.py): a request more would
   only wait out its deadline again (bench/loads/closed.py's single stream uses the same StallWatch).
 - fd_limit: a request could not open a socket because the client ran out of file descriptors (EMFILE): the
   load asked for cannot be offered, so the level ends at once, and the bench with it.

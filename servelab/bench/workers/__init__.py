@@ -19,7 +19,7 @@ from servelab.bench.client import ClientOptions
 from servelab.bench.workers.coordinator import WorkerPool
 from servelab.errors import UserError
 
-__all__ = ["WorkerPool", "auto_workers", "open_pool", "parse_workers", "streams_needed_most"]
+__all__ = ["WorkerPool", "auto_workers", "open_pool", "parse_workers"]
 
 
 def parse_workers(text: str | int | None) -> int | str | None:
@@ -55,21 +55,6 @@ def auto_workers(streams: int | None, ceiling_streams: int | None, cpus: int | N
     if not ceiling_streams or not streams:
         return most
     return max(1, min(most, math.ceil(streams / ceiling_streams)))
-
-
-def streams_needed_most(options) -> int | None:
-    """The most concurrent streams a bench may run (for --workers auto); None when the options do not say (open
-    loop without --max-concurrency)."""
-    plan = options.plan
-    if options.mode == "single":
-        return 1
-    if options.mode == "sweep":
-        return max(options.sweep_levels) if options.sweep_levels else options.max_concurrency
-    if options.mode == "concurrency":
-        return plan.concurrency
-    if options.mode == "slo-search" and plan.search == "concurrency":
-        return int(plan.search_max or options.max_concurrency)
-    return plan.max_concurrency
 
 
 def open_pool(url: str, options: ClientOptions, workers: int | str, *, ray: str | None = None,
