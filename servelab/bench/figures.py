@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal
 
 from servelab.records import Distribution, Figure
 
@@ -52,11 +53,19 @@ class CsvColumns:
     figure added later takes the next position and earlier columns keep their place."""
 
     position: int
-    stats: bool  # one column per distribution statistic (`ttft_ms_p50`, …) instead of the value (`output_tok_s`)
+    # "value": one column, the figure's value (`output_tok_s`); "stats": one per statistic of its distribution
+    # (`ttft_ms_n`, `ttft_ms_mean`, … `ttft_ms_max`)
+    columns: Literal["value", "stats"]
+
+    @property
+    def stats(self) -> bool:
+        return self.columns == "stats"
 
 
 @dataclass(frozen=True)
 class LevelFigure:
+    """One figure of a load level, as everything that computes, pools, withholds, writes or shows it reads it."""
+
     key: str
     unit: str
     higher_is_better: bool | None  # None: neither (a token count, a share: it explains, it is not a goal)
@@ -85,7 +94,7 @@ class LevelFigure:
 
 
 def _fig(key: str, unit: str, higher_is_better: bool | None, definition: str, pooling: Pooling, *,
-         headline: str | None = None, counts_tokens: bool, csv: tuple[int, bool] | None,
+         headline: str | None = None, counts_tokens: bool, csv: tuple[int, Literal["value", "stats"]] | None,
          terminal: tuple[TerminalColumn, ...] = ()) -> LevelFigure:
     return LevelFigure(key, unit, higher_is_better, definition, pooling, headline, counts_tokens,
                        CsvColumns(*csv) if csv else None, terminal)
@@ -93,48 +102,49 @@ def _fig(key: str, unit: str, higher_is_better: bool | None, definition: str, po
 
 RATE, REQUESTS, RATIO = Pooling.WINDOW_RATE, Pooling.REQUESTS, Pooling.RATIO
 HIGHER, LOWER, NEITHER = True, False, None
-VALUE, STATS = False, True  # a CSV figure's columns: its value, or its distribution's statistics
 
 LEVEL_FIGURES: tuple[LevelFigure, ...] = (
-    _fig("output_tok_s", "tok/s", HIGHER, "output-tok-s", RATE, counts_tokens=True, csv=(1, VALUE),
+    _fig("output_tok_s", "tok/s", HIGHER, "output-tok-s", RATE, counts_tokens=True, csv=(1, "value"),
          terminal=(TerminalColumn("output\ntok/s"),)),
-    _fig("request_s", "req/s", HIGHER, "request-s", RATE, counts_tokens=False, csv=(2, VALUE),
+    _fig("request_s", "req/s", HIGHER, "request-s", RATE, counts_tokens=False, csv=(2, "value"),
          terminal=(TerminalColumn("req/s", digits=2),)),
     _fig("decode_tok_s", "tok/s", HIGHER, "decode-tok-s", REQUESTS, headline="p50", counts_tokens=True,
-         csv=(11, STATS), terminal=(TerminalColumn("decode\ntok/s p50"),)),
-    _fig("ttft_ms", "ms", LOWER, "ttft", REQUESTS, headline="p50", counts_tokens=True, csv=(5, STATS),
+         csv=(11, "stats"), terminal=(TerminalColumn("decode\ntok/s p50"),)),
+    _fig("ttft_ms", "ms", LOWER, "ttft", REQUESTS, headline="p50", counts_tokens=True, csv=(5, "stats"),
          terminal=(TerminalColumn("TTFT\nms p50", "p50"), TerminalColumn("TTFT\nms p99", "p99"))),
-    _fig("ttfo_ms", "ms", LOWER, "ttfo", REQUESTS, headline="p50", counts_tokens=True, csv=(6, STATS)),
-    _fig("itl_ms", "ms", LOWER, "itl", REQUESTS, headline="p50", counts_tokens=True, csv=(7, STATS),
+    _fig("ttfo_ms", "ms", LOWER, "ttfo", REQUESTS, headline="p50", counts_tokens=True, csv=(6, "stats")),
+    _fig("itl_ms", "ms", LOWER, "itl", REQUESTS, headline="p50", counts_tokens=True, csv=(7, "stats"),
          terminal=(TerminalColumn("ITL\nms p50", "p50"), TerminalColumn("ITL\nms p99", "p99"))),
-    _fig("itl_chunk_ms", "ms", LOWER, "itl-chunk", REQUESTS, headline="p50", counts_tokens=False, csv=(8, STATS)),
-    _fig("tpot_ms", "ms", LOWER, "tpot", REQUESTS, headline="p50", counts_tokens=True, csv=(9, STATS)),
-    _fig("e2e_ms", "ms", LOWER, "e2e", REQUESTS, headline="p50", counts_tokens=False, csv=(10, STATS),
+    _fig("itl_chunk_ms", "ms", LOWER, "itl-chunk", REQUESTS, headline="p50", counts_tokens=False,
+         csv=(8, "stats")),
+    _fig("tpot_ms", "ms", LOWER, "tpot", REQUESTS, headline="p50", counts_tokens=True, csv=(9, "stats")),
+    _fig("e2e_ms", "ms", LOWER, "e2e", REQUESTS, headline="p50", counts_tokens=False, csv=(10, "stats"),
          terminal=(TerminalColumn("E2E\nms p50", digits=0),)),
     _fig("output_tokens", "tokens", NEITHER, "output-tokens", REQUESTS, headline="mean", counts_tokens=True,
-         csv=(12, STATS)),
+         csv=(12, "stats")),
     # Reasoning apart from the answer (docs/metrics.md#reasoning): the figures that mean the same whether or not
     # an engine thinks.
-    _fig("answer_tok_s", "tok/s", HIGHER, "answer-tok-s", RATE, counts_tokens=True, csv=(14, VALUE)),
+    _fig("answer_tok_s", "tok/s", HIGHER, "answer-tok-s", RATE, counts_tokens=True, csv=(14, "value")),
     _fig("reasoning_tokens", "tokens", NEITHER, "reasoning-tokens", REQUESTS, headline="mean", counts_tokens=True,
-         csv=(18, STATS)),
+         csv=(18, "stats")),
     _fig("answer_tokens", "tokens", NEITHER, "answer-tokens", REQUESTS, headline="mean", counts_tokens=True,
-         csv=(17, STATS)),
-    _fig("reasoning_share", "fraction", NEITHER, "reasoning-share", RATIO, counts_tokens=True, csv=(15, VALUE)),
+         csv=(17, "stats")),
+    _fig("reasoning_share", "fraction", NEITHER, "reasoning-share", RATIO, counts_tokens=True, csv=(15, "value")),
     # Only where requests had a schedule to lag behind (open loop).
     _fig("client_lag_ms", "ms", LOWER, "client-lag", REQUESTS, headline="p99", counts_tokens=False,
-         csv=(13, STATS)),
+         csv=(13, "stats")),
     # Only with latency targets (bench/slo.py).
-    _fig("goodput_req_s", "req/s", HIGHER, "goodput", RATE, counts_tokens=False, csv=(3, VALUE)),
-    _fig("slo_attainment", "fraction", HIGHER, "slo-attainment", RATIO, counts_tokens=False, csv=(4, VALUE)),
+    _fig("goodput_req_s", "req/s", HIGHER, "goodput", RATE, counts_tokens=False, csv=(3, "value")),
+    _fig("slo_attainment", "fraction", HIGHER, "slo-attainment", RATIO, counts_tokens=False, csv=(4, "value")),
     # Only when some request reported cached prompt tokens (bench/cache_figures.py).
-    _fig("cache_hit_ratio", "fraction", NEITHER, "cache-hit-ratio", RATIO, counts_tokens=False, csv=(16, VALUE)),
+    _fig("cache_hit_ratio", "fraction", NEITHER, "cache-hit-ratio", RATIO, counts_tokens=False,
+         csv=(16, "value")),
     _fig("cached_tokens", "tokens", NEITHER, "cached-tokens", REQUESTS, headline="mean", counts_tokens=False,
-         csv=(19, STATS)),
+         csv=(19, "stats")),
     _fig("ttft_cached_ms", "ms", LOWER, "ttft-by-cache", REQUESTS, headline="p50", counts_tokens=False,
-         csv=(20, STATS)),
+         csv=(20, "stats")),
     _fig("ttft_uncached_ms", "ms", LOWER, "ttft-by-cache", REQUESTS, headline="p50", counts_tokens=False,
-         csv=(21, STATS)),
+         csv=(21, "stats")),
 )
 
 FIGURES: dict[str, LevelFigure] = {f.key: f for f in LEVEL_FIGURES}
