@@ -7,6 +7,9 @@ samples its RSS (psutil, the process and its children) every second and, at the 
 
 - peak RSS, and RSS at 60 s (the same point of every run, so runs of different lengths compare);
 - bytes on disk per streamed token: the run directory's records file over the tokens its records hold;
+- what the run costs on disk in all: its run directory plus the run store `bench --out` writes beside it
+  (servelab.db and any -wal/-shm left), over the records file alone (`disk_ratio`; the target is at most 1.2: the
+  store indexes the run and points at the records file rather than keeping a second copy);
 - the client's timing error over the run's last two minutes: the ITL p50 and p99 of the requests sent then
   (from the records file) against the gaps the server actually wrote for the requests it received then
   (`/calibration/summary?since_ns=`, the truth; the server keeps its last 4,096 requests, so a window at the end
@@ -45,6 +48,7 @@ from servelab.provenance import host_info  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "long_run.json"
 ERROR_WINDOW_S = 120.0  # the timing error is taken over each run's last two minutes
+DISK_RATIO_TARGET = 1.2  # run directory + store over the records file alone
 
 
 def rss_bytes(proc: psutil.Process) -> int:
@@ -105,6 +109,9 @@ def one_run(minutes: float, args, python: str, pythonpath: str | None, label: st
     rss_60 = next((r for t, r in samples if t >= 60.0), samples[-1][1] if samples else None)
     half = [(t, r) for t, r in samples if t >= samples[-1][0] / 2] if samples else []
     slope = _slope(half)
+    run_dir_bytes = sum(p.stat().st_size for p in summary_path.parent.rglob("*") if p.is_file())
+    store_bytes = sum(p.stat().st_size for p in out.glob("servelab.db*") if p.is_file())
+    records_bytes = records.stat().st_size if records else None
     row = {
         "code": label, "minutes": minutes, "concurrency": args.concurrency, "itl_ms": args.itl_ms, "osl": args.osl,
         "requests": level["requests"], "tokens": tokens,
@@ -113,8 +120,11 @@ def one_run(minutes: float, args, python: str, pythonpath: str | None, label: st
         "rss_60s_mb": round(rss_60 / 2**20, 1) if rss_60 else None,
         "rss_slope_mb_per_min": round(slope * 60 / 2**20, 3) if slope is not None else None,
         "records_file": records.name if records else None,
-        "records_bytes": records.stat().st_size if records else None,
-        "bytes_per_token": round(records.stat().st_size / tokens, 2) if records and tokens else None,
+        "records_bytes": records_bytes,
+        "bytes_per_token": round(records_bytes / tokens, 2) if records_bytes and tokens else None,
+        "run_dir_bytes": run_dir_bytes, "store_bytes": store_bytes,
+        "disk_ratio": round((run_dir_bytes + store_bytes) / records_bytes, 3) if records_bytes else None,
+        "disk_bytes_per_token": round((run_dir_bytes + store_bytes) / tokens, 2) if tokens else None,
         "run_itl_p50_ms": itl["p50"], "run_itl_p99_ms": itl["p99"], "run_itl_samples": itl["n"],
         "run_itl_note": level["figures"]["itl_ms"].get("note"),
         "error_window_s": ERROR_WINDOW_S,
@@ -195,17 +205,22 @@ def main() -> None:
         "rss_ratio_longest_to_shortest": round(longest["peak_rss_mb"] / shortest["peak_rss_mb"], 3),
         "rss_at_one_hour_mb_extrapolated": extrapolated,
         "bytes_per_token_before_issue_14": 66,
+        "disk_ratio_max": max((r["disk_ratio"] for r in now if r["disk_ratio"] is not None), default=None),
+        "disk_ratio_target": DISK_RATIO_TARGET,
     }
+    verdict["disk_ratio_ok"] = (verdict["disk_ratio_max"] <= DISK_RATIO_TARGET
+                                if verdict["disk_ratio_max"] is not None else None)
     save(args.out, rows, verdict)
     print()
     header = ["code", "min", "requests", "tokens", "tok/s", "peak RSS MB", "RSS@60s MB", "MB/min (2nd half)",
-              "B/token", "ITL p50 / truth (last 2 min)", "ITL p99 / truth", "err p99 ms", "contended"]
+              "B/token", "store MB", "disk/records", "ITL p50 / truth (last 2 min)", "ITL p99 / truth", "err p99 ms", "contended"]
     print(" | ".join(header))
     for r in rows:
         print(" | ".join(str(x) for x in [
             r["code"], f"{r['minutes']:g}", f"{r['requests']:,}", f"{r['tokens']:,}",
             f"{r['output_tok_s']:,.0f}" if r["output_tok_s"] else "-", r["peak_rss_mb"], r["rss_60s_mb"],
-            r["rss_slope_mb_per_min"], r["bytes_per_token"],
+            r["rss_slope_mb_per_min"], r["bytes_per_token"], f"{r['store_bytes'] / 2**20:.2f}",
+            r["disk_ratio"],
             f"{_f(r['itl_p50_ms'])} / {_f(r['true_itl_p50_ms'])}", f"{_f(r['itl_p99_ms'])} / {_f(r['true_itl_p99_ms'])}",
             r["error_p99_ms"], r["contended"]]))
     print(json.dumps(verdict, indent=2))
