@@ -45,7 +45,8 @@ def time_main_job(out: Path) -> dict:
             "status": cell["status"], "single_decode_tok_s": head.get("single.decode_tok_s", {}).get("value"),
             "peak_output_tok_s": head.get("peak.output_tok_s", {}).get("value"),
             "peak_note": head.get("peak.output_tok_s", {}).get("note"),
-            "stop_reason": (summary.get("sweep") or {}).get("stop_reason")}
+            "stop_reason": next((s["result"].get("stop_reason") for t in summary.get("trials", [])[:1]
+                                 for s in t.get("steps", []) if s["name"] == "sweep"), None)}
     return {"exit_code": proc.returncode, "wall_s": round(wall, 1), "cells": cells,
             "verdicts": (result.get("comparison") or {}).get("verdicts", [])}
 

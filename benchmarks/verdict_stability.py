@@ -92,7 +92,7 @@ def summarise(doc: dict, code: int, wall: float, hog_window: list[float]) -> dic
         name = run["run_id"].split("/")[-1]
         clean[name] = 0
         for trial in run.get("trials", []):
-            levels = [lv for key in ("single", "sweep") if trial.get(key) for lv in trial[key]["levels"]]
+            levels = [lv for step in trial.get("steps", []) for lv in step["result"]["levels"]]
             busy = [lv["tag"] for lv in levels if (lv.get("environment") or {}).get("contended")]
             if busy or trial.get("status") == "contended":
                 contended.setdefault(name, []).append(f"t{trial['index'] + 1}({','.join(busy) or 'stopped'})")

@@ -1,6 +1,7 @@
 """One cell of an experiment: bring the server up (or take the URL of one already running), verify it, bench it
-once per trial (single-stream then sweep), stop it, summarise. `servelab run` with or without a file runs every
-cell through a CellSession; the embedded default is an experiment like any other (experiment/default.py).
+once per trial (its bench steps in order: by default single-stream then the sweep), stop it, summarise.
+`servelab run` with or without a file runs every cell through a CellSession; the embedded default is an experiment
+like any other (experiment/default.py).
 
 A session outlives one trial, so an experiment can keep every cell's server up and interleave their trials
 (experiment/schedule.py), or stop a server between its trials when only one fits at a time.
@@ -24,13 +25,13 @@ from rich.text import Text
 
 from servelab.bench.failures import error_gate, error_line
 from servelab.bench.runner import BenchOptions, bench
-from servelab.bench.trials import counted_trials, pooled_benches, run_headline
+from servelab.bench.trials import counted_trials, pooled_steps, run_headline
 from servelab.engines import EngineSpec
 from servelab.errors import EngineFailed, UserError
 from servelab.lifecycle.launch import start_engine
 from servelab.lifecycle.running import RunningEngine
 from servelab.provenance import build_provenance
-from servelab.records import BenchResult, RequestRecord, RunSummary, Summary, Trial
+from servelab.records import BenchResult, RequestRecord, RunSummary, Step, Summary, Trial
 from servelab.report.live import launch_view
 from servelab.report.progress import PIPE_PROGRESS_S, LevelProgress
 from servelab.report.terminal import level_line, render_checks, render_levels, render_lint
@@ -53,8 +54,8 @@ class CellPlan:
 
     run_id: str
     run_dir: Path
-    single: BenchOptions
-    sweep: BenchOptions | None
+    # A trial's bench steps, in order: (name, options); by default ("single", …) then ("sweep", …).
+    steps: list[tuple[str, BenchOptions]]
     spec: EngineSpec | None = None
     url: str | None = None
     model: str | None = None  # the model id to request at `url` (None: the first the server lists)
@@ -158,25 +159,23 @@ class CellSession:
         self.summary.trials.append(trial)
         many = self.plan.trials > 1
         try:
-            for name, base in (("single", self.plan.single), ("sweep", self.plan.sweep)):
-                if base is None:
-                    continue
+            for name, base in self.plan.steps:
                 opts = dataclasses.replace(base, model=base.model or self.served_model, trial=index,
                                            engine_pids=[self.engine.pid] if self.engine else [],
                                            stop_when_contended_s=self.plan.stop_when_contended_s,
                                            workload=in_series(base.workload, f"t{index}{name[0]}"))
-                if name == "sweep" and self._sweep_levels:
+                if base.mode == "sweep" and self._sweep_levels:
                     opts.sweep_levels = list(self._sweep_levels)  # every trial runs the first trial's levels
                 if not many:
                     self.console.rule(f"bench: {name}")
                 result = self._bench(opts, name if many else None)
-                setattr(trial, name, result)
+                trial.steps.append(Step(name=name, result=result))
                 if result.contended_stop:  # the machine was busy: kept as evidence, run again when it is quiet
                     self._render(name, result, many)
                     trial.status, trial.contention = "contended", list(result.contended_stop)
                     self.save()
                     return trial
-                if name == "sweep" and self._sweep_levels is None:
+                if base.mode == "sweep" and self._sweep_levels is None:
                     self._sweep_levels = [s.concurrency for s in result.levels if s.mode == "concurrency"]
                 if self.summary.provenance.engine is None:
                     self.summary.provenance.engine = result.workload.get("engine_detected")
@@ -266,12 +265,11 @@ class CellSession:
         trials = self.summary.trials
         if len(trials) <= 1:
             only = trials[0] if trials else None
-            self.summary.headline = run_headline(only.single, only.sweep) if only else {}
+            self.summary.headline = run_headline(only.steps) if only else {}
             self.summary.excluded_trials = []
         elif final or all(t.status != "interrupted" for t in trials):
             counted, excluded = counted_trials(trials)
             # The records file (and any the disk refused), read one record at a time: memory stays flat.
-            single, sweep = pooled_benches(counted, self.rundir.iter_records())
-            self.summary.headline = run_headline(single, sweep)
+            self.summary.headline = run_headline(pooled_steps(counted, self.rundir.iter_records()))
             self.summary.excluded_trials = [t.index for t in excluded]
         self.rundir.write_json("summary.json", self.summary)

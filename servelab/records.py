@@ -354,7 +354,8 @@ class BenchResult(BaseModel):
     model: str
     # single, sweep (concurrency 1, 2, 4, …), and (issue 3) one concurrency level, one rate level, a rate sweep,
     # and the max-load search under SLOs.
-    mode: Literal["single", "sweep", "concurrency", "rate", "rate-sweep", "slo-search", "multiturn", "replay"]
+    mode: Literal["single", "sweep", "concurrency", "rate", "rate-sweep", "slo-search", "multiturn", "replay",
+                  "burst"]
     workload: dict[str, Any]
     levels: list[Summary]
     headline: dict[str, Figure] = Field(default_factory=dict)  # e.g. "single.decode_tok_s", "peak.output_tok_s"
@@ -472,25 +473,52 @@ class Provenance(BaseModel):
     workers: list[WorkerProvenance] = Field(default_factory=list)
 
 
-class SingleAndSweep:
-    """What holds a single-stream bench and a sweep (a trial; a run as compare sees it): both, and their levels."""
+class Step(BaseModel):
+    """One bench of a trial: its name among the experiment's steps ("single", "sweep", "slo-search", "replay", …;
+    unique within the trial, so trials pool step by step) and what it measured."""
 
-    single: BenchResult | None
-    sweep: BenchResult | None
+    name: str
+    result: BenchResult
+
+
+class Steps:
+    """What holds a trial's ordered bench steps (a trial; a run as compare sees it): the steps, their benches and
+    levels, and `single` / `sweep` for what holds the single-stream bench and a sweep (or what ran in its place)."""
+
+    steps: list[Step]
+
+    def step(self, name: str) -> BenchResult | None:
+        return next((s.result for s in self.steps if s.name == name), None)
+
+    @property
+    def single(self) -> BenchResult | None:
+        return self.step("single")
+
+    @property
+    def sweep(self) -> BenchResult | None:
+        """The step named sweep, else the first that is not single-stream: where a file from before steps kept
+        any other mode (a multi-turn level, `bench --out` of a rate sweep)."""
+        return self.step("sweep") or next((s.result for s in self.steps if s.name != "single"), None)
 
     @property
     def benches(self) -> list[BenchResult]:
-        return [b for b in (self.single, self.sweep) if b is not None]
+        return [s.result for s in self.steps]
 
     @property
     def levels(self) -> list[Summary]:
         return [s for b in self.benches for s in b.levels]
 
 
-class Trial(SingleAndSweep, BaseModel):
-    """One pass of a cell's bench steps (single-stream, then the sweep) against its server. An experiment repeats
-    each cell as several trials, interleaved with the other cells' (docs/metrics.md#trials); its records carry
-    the trial's `index` in `RequestRecord.trial`."""
+def steps_of(single: Any = None, sweep: Any = None) -> list[dict[str, Any]]:
+    """The steps of a trial written before steps existed, which held `single` and `sweep` (either may be None)."""
+    return [{"name": name, "result": result} for name, result in (("single", single), ("sweep", sweep))
+            if result is not None]
+
+
+class Trial(Steps, BaseModel):
+    """One pass of a cell's bench steps (by default single-stream, then the sweep) against its server, in order.
+    An experiment repeats each cell as several trials, interleaved with the other cells' (docs/metrics.md#trials);
+    its records carry the trial's `index` in `RequestRecord.trial`."""
 
     index: int  # 0-based within the cell; also the round of the experiment's schedule it ran in
     slot: int | None = None  # its position in the experiment's whole schedule (all cells' trials, in run order)
@@ -502,12 +530,22 @@ class Trial(SingleAndSweep, BaseModel):
     # past the planned trials, so records stay apart); None: its own index. Interleaved cells pair by round.
     round: int | None = None
     contention: list[str] = Field(default_factory=list)  # why it was stopped early (status contended)
+    steps: list[Step] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _steps_before_steps(cls, data: Any) -> Any:
+        """A trial written before steps existed held exactly `single` and `sweep`: those are its steps."""
+        if isinstance(data, dict) and ("single" in data or "sweep" in data):
+            data = dict(data)
+            single, sweep = data.pop("single", None), data.pop("sweep", None)
+            if not data.get("steps"):
+                data["steps"] = steps_of(single, sweep)
+        return data
 
     @property
     def round_index(self) -> int:
         return self.index if self.round is None else self.round
-    single: BenchResult | None = None
-    sweep: BenchResult | None = None
 
     @property
     def contended_levels(self) -> list[Summary]:

@@ -29,6 +29,11 @@ def closed_port() -> int:
         return s.getsockname()[1]  # closed again when the block ends: nothing listens there
 
 
+def step(trial: dict, name: str) -> dict:
+    """A trial's bench step of that name, as summary.json holds it."""
+    return next(s["result"] for s in trial["steps"] if s["name"] == name)
+
+
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
@@ -119,11 +124,11 @@ def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> No
         for trial in (t for t in trials if t["status"] == "complete"):
             single = [r for r in records if r.tag == "single" and not r.warmup and r.trial == trial["index"]]
             assert len(single) == 2 and all(r.output_tokens == 32 for r in single)
-            level = trial["single"]["levels"][0]
+            level = step(trial, "single")["levels"][0]
             assert level["figures"]["output_tok_s"]["value"] * level["window_s"] == pytest.approx(64, rel=1e-6)
             # every trial measured the levels of the first
-            assert [lv["tag"] for lv in trial["sweep"]["levels"]] == \
-                [lv["tag"] for lv in summary["trials"][0]["sweep"]["levels"]]
+            assert [lv["tag"] for lv in step(trial, "sweep")["levels"]] == \
+                [lv["tag"] for lv in step(summary["trials"][0], "sweep")["levels"]]
     # the lint marks the one-slot cell, and the comparison's verdict tells the story
     assert any(f["setting"] == "parallel=1" and f["severity"] == "serious" for f in misconfigured["launch"]["lint"])
     assert not any(f["severity"] == "serious" for f in well["launch"]["lint"])
@@ -182,8 +187,8 @@ def test_ctrl_c_during_run_stops_the_engine_and_keeps_what_was_measured(tmp_path
     summary = json.loads((records_file.parent / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     trial = summary["trials"][0]
-    assert trial["status"] == "interrupted" and trial["single"]["interrupted"] is True
-    assert trial["single"]["levels"][0]["ok"] >= 2
+    assert trial["status"] == "interrupted" and step(trial, "single")["interrupted"] is True
+    assert step(trial, "single")["levels"][0]["ok"] >= 2
     for pid in engine_pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 

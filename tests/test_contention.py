@@ -207,5 +207,5 @@ def test_reruns_0_runs_every_trial_to_its_end_and_only_leaves_the_contended_out(
     for run in doc["runs"]:
         assert [t["status"] for t in run["trials"]] == ["complete", "complete"]  # none stopped early
         assert all(t["round"] is None for t in run["trials"])  # nor run again
-        levels = [lv for t in run["trials"] for lv in t["single"]["levels"] + t["sweep"]["levels"]]
+        levels = [lv for t in run["trials"] for s in t["steps"] for lv in s["result"]["levels"]]
         assert any(lv["environment"]["contended"] for lv in levels)  # the hog was seen, and said

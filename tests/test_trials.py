@@ -203,7 +203,8 @@ def test_a_summary_from_before_trials_reads_as_one_trial_and_compare_says_what_i
     old, records = synthetic_run("old/a")
     doc = old.model_dump(mode="json")
     legacy = {k: v for k, v in doc.items() if k not in ("trials", "excluded_trials")}
-    legacy["single"], legacy["sweep"] = doc["trials"][0]["single"], doc["trials"][0]["sweep"]
+    steps = {s["name"]: s["result"] for s in doc["trials"][0]["steps"]}
+    legacy["single"], legacy["sweep"] = steps["single"], steps["sweep"]
     again = RunSummary.model_validate(legacy)
     assert len(again.trials) == 1 and again.trials[0].sweep.levels[-1].tag == "c4"
     other, other_records = synthetic_run("old/b", itl_ms=10.0, seed=3)

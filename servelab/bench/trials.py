@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from servelab.bench.metrics import summarize
 from servelab.bench.tally import LevelTally
 from servelab.bench.steady import AGGREGATE_KEYS, is_measured
-from servelab.records import BenchResult, Figure, RequestRecord, Summary, Trial
+from servelab.records import BenchResult, Figure, RequestRecord, Step, Summary, Trial
 
 
 def is_contended(trial: Trial) -> bool:
@@ -69,7 +69,52 @@ def pooled_bench(benches: Sequence[BenchResult], tallies: Mapping[str, LevelTall
     from servelab.bench.runner import headline  # the runner's headline rule, applied to the pooled levels
 
     result.headline = headline(result)
+    if any(b.search for b in benches):
+        _pool_search(result, benches, trial_of)
     return result
+
+
+def _pool_search(result: BenchResult, benches: Sequence[BenchResult], trial_of: Sequence[int]) -> None:
+    """An SLO search over several trials: each trial searched on its own, so the answers (and the levels they
+    were found at) differ. The pooled answer is the mean of the trials' answers, and the goodput (output tok/s,
+    requests/s) at it the window-weighted mean of each trial's own at its answer, as aggregate rates pool
+    (module docstring); `search.trials` keeps each trial's answer."""
+    searches = [(trial, b) for trial, b in zip(trial_of, benches) if b.search]
+    first = searches[0][1].search or {}
+    by_rate = first.get("dimension") == "rate"
+    key = "slo.max_rate" if by_rate else "slo.max_concurrency"
+    answers = [(trial, b.search.get("best")) for trial, b in searches if b.search.get("best") is not None]
+    for k in [k for k in result.headline if k.startswith("slo.")]:
+        del result.headline[k]
+    result.search = {"dimension": first.get("dimension"), "targets": first.get("targets"),
+                     "best": sum(v for _, v in answers) / len(answers) if answers else None,
+                     "trials": [{"trial": trial, "best": b.search.get("best"),
+                                 "lowest_failing": b.search.get("lowest_failing"),
+                                 "stop_reason": b.search.get("stop_reason")} for trial, b in searches]}
+    if not answers:
+        return
+    each = ", ".join(f"{v:g}" for _, v in answers)
+    result.headline[key] = Figure(value=result.search["best"], unit="req/s" if by_rate else "streams",
+                                  definition="slo-search", note=f"mean of {len(answers)} trials' answers ({each}); "
+                                                                f"targets {first.get('targets')}")
+    for name in ("goodput_req_s", "output_tok_s", "request_s"):
+        parts = [(b.headline[f"slo.{name}"], _answer_window(b)) for _, b in searches if f"slo.{name}" in b.headline
+                 and b.headline[f"slo.{name}"].value is not None]
+        total = sum(w for _, w in parts)
+        if parts and total > 0:
+            value = sum(f.value * w for f, w in parts) / total  # type: ignore[operator]
+            result.headline[f"slo.{name}"] = parts[0][0].model_copy(update={
+                "value": value, "dist": None, "note": f"window-weighted mean of {len(parts)} trials at their "
+                                                      f"answers ({', '.join(f'{f.value:,.2f}' for f, _ in parts)})"})
+
+
+def _answer_window(bench: BenchResult) -> float:
+    """The window of the level a bench's SLO search answered with (0 when none)."""
+    search = bench.search or {}
+    by_rate = search.get("dimension") == "rate"
+    level = next((s for s in bench.levels if s.slo and s.slo.get("passed") and is_measured(s)
+                  and (s.rate if by_rate else s.concurrency) == search.get("best")), None)
+    return level.window_s if level is not None else 0.0
 
 
 def pool_level(levels: Sequence[Summary], records: Sequence[RequestRecord] | LevelTally, trials: Sequence[int]
@@ -112,31 +157,49 @@ def _merged_warnings(levels: Sequence[Summary], trials: Sequence[int]) -> list[s
             for w, ts in seen.items()]
 
 
-def pooled_benches(trials: Sequence[Trial], records: Iterable[RequestRecord]
-                   ) -> tuple[BenchResult | None, BenchResult | None]:
-    """(single, sweep) pooled over the trials given (callers pass counted_trials' first list). `records` is read
-    once, one at a time (a run directory's file: memory stays flat), each folded into its pooled level's tally."""
-    pairs_of = {kind: [(t.index, getattr(t, kind)) for t in trials if getattr(t, kind) is not None]
-                for kind in ("single", "sweep")}
-    tallies: dict[str, dict[str, LevelTally]] = {kind: {} for kind in pairs_of}
-    takes: dict[tuple[int, str], list[str]] = {}  # (trial, tag) -> the kinds whose pooled level takes it
-    for kind, pairs in pairs_of.items():
+def pooled_steps(trials: Sequence[Trial], records: Iterable[RequestRecord]) -> list[Step]:
+    """Each step pooled over the trials given that ran it (callers pass counted_trials' first list), in the order
+    the steps first appear. `records` is read once, one at a time (a run directory's file: memory stays flat),
+    each folded into the tally of its step's pooled level (a trial's steps never share a tag: see
+    experiment/model.py)."""
+    names: list[str] = []
+    for trial in trials:
+        names += [s.name for s in trial.steps if s.name not in names]
+    pairs_of = {name: [(t.index, b) for t in trials if (b := t.step(name)) is not None] for name in names}
+    tallies: dict[str, dict[str, LevelTally]] = {name: {} for name in names}
+    takes: dict[tuple[int, str], list[str]] = {}  # (trial, tag) -> the steps whose pooled level takes it
+    for name, pairs in pairs_of.items():
         if len(pairs) < 2:
             continue  # one trial: its own result, nothing to pool
         for index, bench in pairs:
             for level in bench.levels:
-                takes.setdefault((index, level.tag), []).append(kind)
-                tallies[kind].setdefault(level.tag, LevelTally(keep=False, count_window=False))
-    for r in records:
-        for kind in takes.get((r.trial, r.tag), ()):
-            tallies[kind][r.tag].append(r)
-    out: list[BenchResult | None] = []
-    for kind, pairs in pairs_of.items():
-        out.append(pooled_bench([b for _, b in pairs], tallies[kind], [i for i, _ in pairs]) if pairs else None)
-    return out[0], out[1]
+                takes.setdefault((index, level.tag), []).append(name)
+                tallies[name].setdefault(level.tag, LevelTally(keep=False, count_window=False))
+    if takes:
+        for r in records:
+            for name in takes.get((r.trial, r.tag), ()):
+                tallies[name][r.tag].append(r)
+    return [Step(name=name, result=pooled_bench([b for _, b in pairs], tallies[name], [i for i, _ in pairs]))
+            for name, pairs in pairs_of.items() if pairs]
 
 
-def run_headline(single: BenchResult | None, sweep: BenchResult | None) -> dict[str, Figure]:
-    """A run's headline: single-stream figures from the single bench, peak figures from the sweep."""
-    return {**(single.headline if single else {}),
-            **({k: v for k, v in sweep.headline.items() if k.startswith("peak.")} if sweep else {})}
+def pooled_benches(trials: Sequence[Trial], records: Iterable[RequestRecord]
+                   ) -> tuple[BenchResult | None, BenchResult | None]:
+    """(single, sweep) pooled over the trials given: pooled_steps' single-stream step and sweep (or what ran in
+    its place)."""
+    pooled = Trial(index=0, steps=pooled_steps(trials, records))
+    return pooled.single, pooled.sweep
+
+
+def run_headline(steps: Sequence[Step]) -> dict[str, Figure]:
+    """A run's headline: single-stream figures from the single-stream step, and from each other step, in order,
+    its figures other than single-stream ones that no earlier step gave (the sweep's peak figures, an SLO search's
+    answer and goodput)."""
+    out: dict[str, Figure] = {}
+    for step in steps:
+        if step.result.mode == "single":
+            out.update({k: v for k, v in step.result.headline.items() if k not in out})
+            continue
+        out.update({k: v for k, v in step.result.headline.items()
+                    if not k.startswith("single.") and k not in out})
+    return out

@@ -13,25 +13,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.bench.trials import clean_trials, counted_trials, is_contended, pooled_benches, run_headline
+from servelab.bench.trials import clean_trials, counted_trials, is_contended, pooled_steps, run_headline
 from servelab.errors import UserError
 from servelab.records import (BenchResult, Figure, LaunchResult, LintFinding, Provenance, RequestRecord,
-                              RunSummary, SingleAndSweep, Trial, VerifyResult)
+                              RunSummary, Step, Steps, Trial, VerifyResult)
 from servelab.store.db import Store, no_store_error
 from servelab.store.rundir import read_records
 from servelab.store.runs import load_run, resolve_run_id
 
 
 @dataclass
-class RunData(SingleAndSweep):
-    """One run as compare and report see it. `single` and `sweep` pool the trials that count (bench/trials.py:
-    the quiet ones when there are any), so figures read from them are the run's figures whatever its trials."""
+class RunData(Steps):
+    """One run as compare and report see it. Its `steps` (and `single`, `sweep`) pool the trials that count
+    (bench/trials.py: the quiet ones when there are any), so figures read from them are the run's figures whatever
+    its trials."""
 
     name: str  # how tables and charts label it: the cell's name, else the run id
     ref: str  # the run id, the directory, or "literal"
     status: str = "complete"
-    single: BenchResult | None = None
-    sweep: BenchResult | None = None
+    steps: list[Step] = field(default_factory=list)
     headline: dict[str, Figure] = field(default_factory=dict)
     records: list[RequestRecord] = field(default_factory=list)
     launch: LaunchResult | None = None
@@ -83,9 +83,9 @@ def from_summary(summary: RunSummary, records: list[RequestRecord], name: str | 
                  experiment_id: str | None = None) -> RunData:
     records = list(records)  # read for every figure and interval: held once (a stored run's arrive streamed)
     counted, excluded = counted_trials(summary.trials)
-    single, sweep = pooled_benches(counted, records)
-    return RunData(name=name or summary.run_id, ref=ref, status=summary.status, single=single, sweep=sweep,
-                   headline=run_headline(single, sweep) if counted else dict(summary.headline), records=records,
+    steps = pooled_steps(counted, records)
+    return RunData(name=name or summary.run_id, ref=ref, status=summary.status, steps=steps,
+                   headline=run_headline(steps) if counted else dict(summary.headline), records=records,
                    launch=summary.launch, verify=summary.verify, provenance=summary.provenance,
                    error=summary.error, trials=list(summary.trials), counted=[t.index for t in counted],
                    excluded=[t.index for t in excluded], experiment_id=experiment_id)
@@ -115,10 +115,10 @@ def load_run_dir(path: Path) -> RunData:
     try:
         if "levels" in doc:  # a BenchResult (`servelab bench --out`): one trial
             result = BenchResult.model_validate(doc)
-            single, sweep = (result, None) if result.mode == "single" else (None, result)
+            steps = [Step(name=result.mode, result=result)]
             return RunData(name=cell or path.name, ref=str(path), status="interrupted" if result.interrupted
-                           else "complete", single=single, sweep=sweep, headline=dict(result.headline),
-                           records=records, trials=[Trial(index=0, single=single, sweep=sweep)])
+                           else "complete", steps=steps, headline=dict(result.headline),
+                           records=records, trials=[Trial(index=0, steps=steps)])
         return from_summary(RunSummary.model_validate(doc), records, cell, str(path), experiment_id)
     except ValueError as exc:
         raise UserError(f"{summary_path}: not a servelab summary ({str(exc).splitlines()[0]})") from None

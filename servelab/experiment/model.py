@@ -13,8 +13,10 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator,
+                      model_validator)
 
+from servelab.bench.options import BenchArgs
 from servelab.bench.runner import BenchOptions
 from servelab.bench.steady import SteadyRule
 from servelab.bench.workload import Workload
@@ -22,6 +24,7 @@ from servelab.engines import REGISTRY, EngineSpec
 from servelab.experiment.contention import ContentionPolicy
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_VALID_STEPS: set[str] = set()  # steps (with the settings they were checked under) already found valid
 
 
 class Strict(BaseModel):
@@ -45,7 +48,6 @@ class MultiturnSettings(Strict):
     def workload(self, output):
         from pathlib import Path
 
-        from servelab.bench.options import BenchArgs
         from servelab.bench.workloads.multi import build_multi_workload
 
         args = BenchArgs(mode="multiturn", users=self.users, think_time=self.think_time, history=self.history,
@@ -56,8 +58,143 @@ class MultiturnSettings(Strict):
         return build_multi_workload(args, output)
 
 
+# A step's options are `servelab bench`'s (BenchArgs' fields, `-` or `_` alike), but for these: the mode is the
+# step's `mode`, the model is the cell's, and a key stays in the environment, not in a file.
+STEP_NOT_OPTIONS = ("mode", "model", "api_key")
+STEP_KEYS = ("name", "trace", *(f.name for f in dataclasses.fields(BenchArgs) if f.name not in STEP_NOT_OPTIONS))
+
+
+class BenchStep(BaseModel):
+    """One bench step of a trial: `mode` (any of `servelab bench --mode`) and that mode's options, named as
+    `servelab bench` names them (`slo`, `rate`, `max_rate`, `requests`, `duration`, `dataset`, …; `trace` is the
+    replay's trace file). `name` tells two steps apart in results (default: the mode). A bare word is a step
+    without options: `single`, `sweep` (the experiment's own single-stream and sweep settings), or any mode."""
+
+    model_config = ConfigDict(extra="allow")
+
+    mode: str
+    name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_word(cls, data: Any) -> Any:
+        return {"mode": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _known_options(self) -> BenchStep:
+        from servelab.bench.options import MODES
+
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode '{self.mode}' (modes: {', '.join(MODES)})")
+        for key in self.options:
+            if key.replace("-", "_") not in STEP_KEYS:
+                raise ValueError(f"unknown option '{key}' of a {self.mode} step (misspelt?); a step takes "
+                                 f"`servelab bench`'s options: {', '.join(k for k in STEP_KEYS if k != 'name')}")
+        if "trace" in self.options and self.mode != "replay":
+            raise ValueError(f"`trace` is the replay's trace file; a {self.mode} step takes `dataset`")
+        return self
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    @property
+    def step_name(self) -> str:
+        return self.name or self.mode
+
+    @property
+    def plain(self) -> bool:
+        """A bare `single` or `sweep`: the experiment's own settings, exactly as without `steps`."""
+        return self.mode in ("single", "sweep") and not self.options
+
+    def tag_family(self) -> str:
+        """Which level tags this step's levels take (single, c<N>, r<R>, u<N>, trace): a trial's records say their
+        level's tag, not their step, so two steps of a trial may not share a family."""
+        opts = {k.replace("-", "_"): v for k, v in self.options.items()}
+        if self.mode == "single":
+            return "single"
+        if self.mode == "replay":
+            return "trace"
+        if self.mode == "multiturn":
+            return "r<rate>" if opts.get("rate") is not None else "u<users>"
+        if self.mode in ("sweep", "concurrency") or (self.mode == "slo-search"
+                                                     and opts.get("search") == "concurrency"):
+            return "c<concurrency>"
+        if self.mode in ("rate", "rate-sweep", "slo-search"):
+            return "r<rate>"
+        return f"{self.mode}'s"  # a mode of its own tags (burst: b<N>)
+
+    def bench_args(self, settings: BenchSettings, model: str | None) -> BenchArgs:
+        """The step as `servelab bench` would have been given it, the experiment's shared settings (max_tokens,
+        endpoint, warm-up, error gate, steady-state rule, workers) filling what the step does not say."""
+        from pathlib import Path
+
+        from pydantic import TypeAdapter, ValidationError
+
+        opts = {k.replace("-", "_"): v for k, v in self.options.items()}
+        if "trace" in opts:
+            opts["dataset"] = opts.pop("trace")
+        for key in ("rate", "slo"):  # "4", [1, 2, 4] or {ttft_p99_ms: 500}: written as on the command line
+            value = opts.get(key)
+            if isinstance(value, dict):
+                opts[key] = ",".join(f"{k}={v}" for k, v in value.items())
+            elif isinstance(value, list):
+                opts[key] = ",".join(str(v) for v in value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                opts[key] = str(value)
+        for key in ("input_tokens", "workers", "think_time"):
+            if isinstance(opts.get(key), (int, float)) and not isinstance(opts.get(key), bool):
+                opts[key] = str(opts[key])
+        if isinstance(opts.get("dataset"), str):
+            opts["dataset"] = Path(opts["dataset"])
+        defaults: dict[str, Any] = {
+            "max_tokens": settings.max_tokens, "ignore_eos": settings.ignore_eos,
+            "endpoint": None if self.mode == "replay" else settings.endpoint,
+            "warmup": settings.warmup, "max_error_rate": settings.max_error_rate,
+            "workers": None if settings.workers is None else str(settings.workers), "ray": settings.ray}
+        if self.mode == "single":
+            defaults["requests"] = settings.single_requests
+        else:
+            defaults["min_requests"] = settings.min_requests
+        if self.mode == "sweep":
+            defaults["max_concurrency"] = settings.max_concurrency
+        try:
+            return TypeAdapter(BenchArgs).validate_python({**defaults, **opts, "mode": self.mode, "model": model})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"{self.step_name} step: {where}: {first['msg']}") from None
+
+    def bench_options(self, settings: BenchSettings, model: str | None) -> BenchOptions:
+        """The step's BenchOptions, built by `servelab bench`'s own rules (bench/options.py)."""
+        from servelab.bench.options import build_options
+        from servelab.errors import UserError
+
+        opts = build_options(self.bench_args(settings, model))
+        if self.mode == "slo-search" and not opts.plan.slos:
+            raise UserError("an slo-search step needs latency targets", hint="e.g. slo: ttft_p99_ms=500,itl_p99_ms=50")
+        if "duration" not in {k.replace("-", "_") for k in self.options}:
+            opts.level_duration_s = settings.level_duration_s
+        opts.steady = dataclasses.replace(opts.steady, latency_multiple=settings.latency_multiple)
+        opts.workload = _with_temperature(opts.workload, settings.temperature)
+        return opts
+
+
+def _with_temperature(workload, temperature: float):
+    """The workload sampling at `temperature` (the experiment's; `servelab bench` has no such option)."""
+    if not temperature or not dataclasses.is_dataclass(workload):
+        return workload
+    names = {f.name for f in dataclasses.fields(workload)}
+    if "temperature" in names:
+        return dataclasses.replace(workload, temperature=temperature)
+    if "output" in names and dataclasses.is_dataclass(workload.output):
+        return dataclasses.replace(workload, output=dataclasses.replace(workload.output, temperature=temperature))
+    return workload
+
+
 class BenchSettings(Strict):
-    """The bench steps of every cell: single-stream, then a concurrency sweep. Defaults are `servelab bench`'s."""
+    """The bench steps of every cell: by default single-stream, then a concurrency sweep (`steps` says otherwise).
+    Defaults are `servelab bench`'s."""
 
     single_requests: int = Field(8, ge=1)
     # Before each bench of a trial: auto (the bench's highest concurrency at once, capped by the server's slots,
@@ -83,6 +220,71 @@ class BenchSettings(Strict):
     # ("auto" or a Ray cluster's address) as Ray actors. None: the bench process sends, as before.
     workers: int | Literal["auto"] | None = Field(None)
     ray: str | None = None
+    # A trial's bench steps in order (BenchStep): e.g. [single, {mode: slo-search, slo: "ttft_p99_ms=500"},
+    # {mode: replay, trace: FILE}]. None: single, then the sweep (or the multiturn level in its place); with
+    # `sweep: false`, single alone.
+    steps: list[BenchStep] | None = Field(None, min_length=1)
+
+    @field_validator("steps")
+    @classmethod
+    def _steps_apart(cls, steps: list[BenchStep] | None, info: ValidationInfo) -> list[BenchStep] | None:
+        """Step names unique, no two steps whose levels share tags, and each step's options valid as `servelab
+        bench` would judge them (checked here, so a bad option is an error of the file, before anything runs)."""
+        from types import SimpleNamespace
+
+        from servelab.errors import UserError
+
+        names: dict[str, int] = {}
+        families: dict[str, int] = {}
+        shared = [name for name in cls.model_fields if name != "steps"]
+        # The settings the steps are checked under (the fields before `steps`); one that failed to validate has
+        # its own error, so the steps' options are not built without it.
+        settings = SimpleNamespace(**info.data) if all(n in info.data for n in shared) else None
+        for i, step in enumerate(steps or []):
+            if step.step_name in names:
+                raise ValueError(f"steps {names[step.step_name] + 1} and {i + 1} are both named "
+                                 f"'{step.step_name}': give one a `name`")
+            names[step.step_name] = i
+            family = step.tag_family()
+            if family in families:
+                raise ValueError(f"steps {families[family] + 1} and {i + 1} ({steps[families[family]].mode}, "
+                                 f"{step.mode}) both run levels tagged {family}: a trial's records could not be told "
+                                 f"apart; run them in different experiments")
+            families[family] = i
+            if settings is None or step.plain or (step.mode == "multiturn" and not step.options
+                                                  and settings.multiturn is not None):
+                continue
+            key = json.dumps([step.model_dump(mode="json"), {n: info.data[n] for n in shared}], sort_keys=True,
+                             default=str)
+            if key in _VALID_STEPS:
+                continue
+            try:
+                step.bench_options(settings, None)  # type: ignore[arg-type]
+            except UserError as exc:
+                raise ValueError(f"step {i + 1} ({step.step_name}): {exc.message}"
+                                 + (f" ({exc.hint})" if exc.hint else "")) from None
+            _VALID_STEPS.add(key)
+        return steps
+
+    def step_options(self, model: str | None) -> list[tuple[str, BenchOptions]]:
+        """A trial's bench steps, in order, as (name, options)."""
+        single, sweep = self.options(model)
+        if self.steps is None:
+            if sweep is None:
+                return [("single", single)]
+            return [("single", single), ("multiturn" if self.multiturn is not None else "sweep", sweep)]
+        out: list[tuple[str, BenchOptions]] = []
+        for step in self.steps:
+            if step.mode == "single" and step.plain:
+                out.append((step.step_name, single))
+            elif step.mode == "sweep" and step.plain:
+                plain_sweep = self.model_copy(update={"multiturn": None, "sweep": True}).options(model)[1]
+                out.append((step.step_name, plain_sweep))  # type: ignore[arg-type]
+            elif step.mode == "multiturn" and not step.options and self.multiturn is not None:
+                out.append((step.step_name, self.model_copy(update={"sweep": True}).options(model)[1]))
+            else:
+                out.append((step.step_name, step.bench_options(self, model)))
+        return out
 
     def options(self, model: str | None) -> tuple[BenchOptions, BenchOptions | None]:
         from servelab.bench.options import check_ray
@@ -210,7 +412,10 @@ class Experiment(Strict):
     def cell_key(self, cell: Cell) -> str:
         """What makes a cell's result what it is: its definition and the settings it was measured with. A change
         to any of them is a different cell (run again on resume); the same definition is the same cell."""
-        doc = {"cell": cell.model_dump(exclude={"bench", "verify"}), "bench": self.bench_for(cell).model_dump(),
+        bench = self.bench_for(cell).model_dump()
+        if bench["steps"] is None:  # the default steps keep the keys of files written before steps existed
+            del bench["steps"]
+        doc = {"cell": cell.model_dump(exclude={"bench", "verify"}), "bench": bench,
                "verify": self.verify_for(cell).model_dump(), "ready_timeout_s": self.ready_timeout_s}
         if self.trials > 1:  # one trial keeps the keys of files written before trials existed
             doc["trials"] = self.trials

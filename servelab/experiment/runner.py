@@ -358,8 +358,8 @@ def redacted_cell(cell: Cell) -> dict:
 def _plan(experiment: Experiment, cell: Cell, run_id: str, run_dir: Path) -> CellPlan:
     bench = experiment.bench_for(cell)
     verify = experiment.verify_for(cell)
-    single, sweep = bench.options(model=cell.model if cell.url else None)
-    return CellPlan(run_id=run_id, run_dir=run_dir, single=single, sweep=sweep, spec=cell.spec(), url=cell.url,
+    steps = bench.step_options(model=cell.model if cell.url else None)
+    return CellPlan(run_id=run_id, run_dir=run_dir, steps=steps, spec=cell.spec(), url=cell.url,
                     model=cell.model if cell.url else None, ready_timeout_s=experiment.ready_timeout_s,
                     # reruns off: nothing would run a stopped trial again, so every trial runs to its end
                     stop_when_contended_s=experiment.contention.stop_after_s if experiment.contention.reruns else None,

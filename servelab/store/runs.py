@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.errors import UserError
-from servelab.records import BenchResult, RequestRecord, RunSummary, Trial
+from servelab.records import BenchResult, RequestRecord, RunSummary, Step, Trial
 from servelab.store.db import Store
 from servelab.store.stored_records import StoredRecords, load_records, save_records
 
@@ -32,13 +32,12 @@ def is_representative(summary: RunSummary) -> bool:
 
 def save_bench(store: Store, result: BenchResult, records: Iterable[RequestRecord], run_dir: Path, run_id: str,
                *, status: str = "complete", error: str | None = None) -> RunSummary:
-    """A `servelab bench --out` run in the store: a run with no launch and one trial holding the bench (its
-    single-stream result, or any other mode's as the sweep), so `runs`, `show`, `compare`, `report` and `export`
-    read it as they read a cell of `servelab run`. Its run directory keeps the BenchResult as summary.json."""
+    """A `servelab bench --out` run in the store: a run with no launch and one trial holding the bench as its one
+    step, named by its mode, so `runs`, `show`, `compare`, `report` and `export` read it as they read a cell of
+    `servelab run`. Its run directory keeps the BenchResult as summary.json."""
     from servelab.provenance import build_provenance
 
-    trial = Trial(index=0, status=status, single=result if result.mode == "single" else None,
-                  sweep=None if result.mode == "single" else result)
+    trial = Trial(index=0, status=status, steps=[Step(name=result.mode, result=result)])
     summary = RunSummary(run_id=run_id, status=status, error=error, trials=[trial], headline=dict(result.headline),
                          provenance=build_provenance(engine=result.workload.get("engine_detected"),
                                                      model=result.model))
@@ -86,23 +85,28 @@ def save_run(store: Store, summary: RunSummary, records: Iterable[RequestRecord]
                            [(summary.run_id, i, c.id, c.outcome, c.reason, c.duration_ms,
                              json.dumps(c.request) if c.request is not None else None, c.response_excerpt)
                             for i, c in enumerate(summary.verify.checks)])
-        seq = {"single": 0, "sweep": 0}
-        level_rows = []
-        for trial in summary.trials:
-            for bench_name in ("single", "sweep"):
-                result = getattr(trial, bench_name)
-                for s in result.levels if result is not None else []:
-                    level_rows.append((summary.run_id, bench_name, seq[bench_name], s.tag, s.mode, s.concurrency,
-                                       s.requests, s.ok, s.failed, s.window_s, s.model_dump_json(), s.cancelled,
-                                       trial.index))
-                    seq[bench_name] += 1
         db.executemany("INSERT INTO levels (run_id, bench, seq, tag, mode, concurrency, requests, ok, failed, "
                        "window_s, summary, cancelled, trial) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       level_rows)
+                       level_rows(summary))
         db.executemany("INSERT INTO figures VALUES (?, ?, ?, ?, ?, ?, ?)",
                        [(summary.run_id, key, fig.value, fig.unit, fig.definition, fig.counted_by, fig.note)
                         for key, fig in summary.headline.items()])
         save_records(db, store.path, summary.run_id, records)  # streamed: never all in memory at once
+
+
+def level_rows(summary: RunSummary) -> list[tuple]:
+    """The `levels` rows of a run: every level of every step of every trial, `bench` holding the step's name
+    ("single", "sweep", "slo-search", …) and `seq` counting per step across trials."""
+    seq: dict[str, int] = {}
+    rows = []
+    for trial in summary.trials:
+        for step in trial.steps:
+            for s in step.result.levels:
+                n = seq.get(step.name, 0)
+                rows.append((summary.run_id, step.name, n, s.tag, s.mode, s.concurrency, s.requests, s.ok,
+                             s.failed, s.window_s, s.model_dump_json(), s.cancelled, trial.index))
+                seq[step.name] = n + 1
+    return rows
 
 
 @dataclass(frozen=True)

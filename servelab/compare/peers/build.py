@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servelab.compare.peers import PeerInfo
-from servelab.records import BenchResult, Distribution, Figure, RequestRecord, Summary, TokenEvent, Trial, Usage
+from servelab.records import BenchResult, Distribution, Figure, RequestRecord, Step, Summary, TokenEvent, Trial, Usage
 
 NS_PER_MS = 1_000_000
 
@@ -172,5 +172,6 @@ def peer_run(name: str, info: PeerInfo, levels: list[PeerLevel], model: str = ""
         r.trial = 0
     info.per_request = any(level.requests_data for level in levels)
     info.timeline = info.per_request and all(level.timeline for level in levels if level.requests_data)
-    return RunData(name=name, ref=info.path, single=single, sweep=sweep, headline=headline, records=records,
-                   trials=[Trial(index=0, single=single, sweep=sweep)], counted=[0], peer=info)
+    steps = [Step(name=n, result=r) for n, r in (("single", single), ("sweep", sweep)) if r is not None]
+    return RunData(name=name, ref=info.path, steps=steps, headline=headline, records=records,
+                   trials=[Trial(index=0, steps=steps)], counted=[0], peer=info)
