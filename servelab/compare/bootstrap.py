@@ -60,6 +60,27 @@ class MedianOf(Resampler):
 
 
 @dataclass
+class MeanOf(Resampler):
+    """The mean of one value per unit (an SLO search's answer, one per trial)."""
+
+    units: Sequence[float]
+
+    def combine(self, units: Sequence[float]) -> float:
+        return sum(units) / len(units) if units else math.nan
+
+
+@dataclass
+class PercentileOf(Resampler):
+    """A percentile (`q`, 0-100) of one value per request (replay lag: the p99 of client lag)."""
+
+    units: Sequence[float]
+    q: float = 50.0
+
+    def combine(self, units: Sequence[float]) -> float:
+        return percentile(sorted(units), self.q)
+
+
+@dataclass
 class PooledMedian(Resampler):
     """The median of samples pooled over requests, resampling whole requests (a cluster bootstrap)."""
 

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 from servelab.bench import metrics as m
 from servelab.bench.steady import is_measured
-from servelab.compare.bootstrap import BinnedRate, MedianOf, PooledMedian, Resampler, Trials, time_bins
+from servelab.compare.bootstrap import (BinnedRate, MeanOf, MedianOf, PercentileOf, PooledMedian, Resampler, Trials,
+                                         time_bins)
 from servelab.compare.sources import RunData
-from servelab.records import Figure, Summary
+from servelab.records import Figure, RequestRecord, Step, Summary
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,11 @@ class KeyMetric:
         return fig.value if fig is not None else None
 
 
+def step_of_mode(run: RunData, mode: str) -> Step | None:
+    """The run's first step of a mode (its levels pool the trials that count)."""
+    return next((s for s in run.steps if s.result.mode == mode), None)
+
+
 def single_level(run: RunData) -> Summary | None:
     """The level the `single.*` headline figures come from: the single-stream run, else a sweep's concurrency 1
     (as bench/runner.py `headline` picks it)."""
@@ -52,10 +58,18 @@ def single_level(run: RunData) -> Summary | None:
         (s for s in levels if s.mode == "concurrency" and s.concurrency == 1), None)
 
 
+def _peak_bench(run: RunData):
+    """The bench the run's `peak.*` headline came from: the first step other than single-stream that has one (as
+    bench/trials.py run_headline picks it), else the sweep (or what ran in its place)."""
+    return next((s.result for s in run.steps if s.result.mode != "single" and "peak.output_tok_s" in
+                 s.result.headline), None) or run.sweep
+
+
 def peak_level(run: RunData) -> Summary | None:
     """The level `peak.output_tok_s` was reached at: the one with the highest output tok/s among the levels the
     headline chose from (concurrency levels, else offered-rate levels)."""
-    levels = run.sweep.levels if run.sweep else []
+    bench = _peak_bench(run)
+    levels = bench.levels if bench else []
     for mode in ("concurrency", "rate"):
         candidates = [s for s in levels if s.mode == mode and s.figures.get("output_tok_s")
                       and s.figures["output_tok_s"].value]
@@ -103,8 +117,10 @@ def _trial_level(run: RunData, tag: str, trial: int) -> Summary | None:
     return next((s for s in found.levels if s.tag == tag), None) if found else None
 
 
-def _peak_throughput(run: RunData, kind: str | None = None) -> Resampler | None:
-    """Output tok/s at the peak level; with `kind` ("answer"), only the tokens of that kind (answer tok/s)."""
+def _peak_throughput(run: RunData, kind: str | None = None,
+                     level_of: Callable[[RunData], Summary | None] = peak_level) -> Resampler | None:
+    """Output tok/s at the peak level (or `level_of`'s); with `kind` ("answer"), only the tokens of that kind
+    (answer tok/s)."""
     key = "answer_tok_s" if kind == "answer" else "output_tok_s"
     if run.peer is not None and not run.peer.timeline:
         return None  # another tool's requests without start times: no time bins to draw
@@ -126,7 +142,7 @@ def _peak_throughput(run: RunData, kind: str | None = None) -> Resampler | None:
             return None
         observed = sum(counts) / level.window_s
         return BinnedRate(counts, bin_s, scale=fig.value / observed if observed else 1.0)
-    return _over_trials(run, peak_level(run), part)
+    return _over_trials(run, level_of(run), part)
 
 
 def _peak_answer_throughput(run: RunData) -> Resampler | None:
@@ -153,7 +169,7 @@ def _ms(ns: int | None) -> float | None:
 
 def multiturn_level(run: RunData) -> Summary | None:
     """A multi-turn level (issue 16): the first level with figures per turn."""
-    return next((s for s in (run.sweep.levels if run.sweep else []) if s.turns), None)
+    return next((s for s in run.levels if s.turns), None)
 
 
 def _late_ttfts(run: RunData, level: Summary, trial: int | None = None) -> list[float]:
@@ -185,12 +201,125 @@ def _late_turns(run: RunData) -> str | None:
 
 
 def _hit_ratio_figure(run: RunData) -> Figure | None:
-    level = multiturn_level(run) or next((s for s in (run.sweep.levels if run.sweep else [])
+    level = multiturn_level(run) or next((s for b in run.benches if b.mode != "single" for s in b.levels
                                           if "cache_hit_ratio" in s.figures), None)
     fig = level.figures.get("cache_hit_ratio") if level else None
     if fig is None or fig.value is None:
         return None
     return Figure(value=fig.value * 100, unit="%", definition="cache-hit-ratio", note=f"at {level.tag}")
+
+
+# ---- an SLO search (docs/metrics.md#slo-search): its answer and the goodput there, trial by trial ----
+
+def _search_answer(bench) -> Summary | None:
+    """The level of a bench's SLO-search answer: the highest load seen to meet the targets."""
+    search = (bench.search or {}) if bench is not None else {}
+    if search.get("best") is None:
+        return None
+    by_rate = search.get("dimension") == "rate"
+    return next((s for s in bench.levels if s.slo and s.slo.get("passed") and is_measured(s)
+                 and (s.rate if by_rate else s.concurrency) == search["best"]), None)
+
+
+def _trial_search(run: RunData, trial: int):
+    found, step = run.trial(trial), step_of_mode(run, "slo-search")
+    if step is None:
+        return None
+    if found is None:
+        return step.result if len(run.counted) == 1 else None
+    return found.step(step.name)
+
+
+def _slo_figure(key: str) -> Callable[[RunData], Figure | None]:
+    def figure(run: RunData) -> Figure | None:
+        step = step_of_mode(run, "slo-search")
+        return step.result.headline.get(key) if step is not None else run.headline.get(key)
+    return figure
+
+
+def _search_best(dimension: str) -> Callable[[RunData], Resampler | None]:
+    """The highest load meeting the targets, one value per trial (its own search's answer): the trials are the
+    units, so the interval is as wide as the trials disagree; one trial has none."""
+    def resampler(run: RunData) -> Resampler | None:
+        parts, ids = [], []
+        for trial in run.counted:
+            bench = _trial_search(run, trial)
+            search = (bench.search or {}) if bench is not None else {}
+            if search.get("dimension") == dimension and search.get("best") is not None:
+                parts.append(MeanOf([float(search["best"])]))
+                ids.append(run.round_of(trial))
+        return Trials(parts, ids=ids) if parts else None
+    return resampler
+
+
+def _slos_of(level: Summary) -> list:
+    from servelab.bench.slo import parse_slos
+
+    targets = (level.slo or {}).get("targets", {})
+    return parse_slos(",".join(f"{k}={t['limit_ms']:g}" for k, t in targets.items() if t.get("limit_ms")))
+
+
+def _goodput(run: RunData) -> Resampler | None:
+    """Goodput at the SLO search's answer: within each trial, the answer level's window cut into time bins of the
+    requests that met every target and ended in it (docs/metrics.md#goodput); trials first, then bins."""
+    from servelab.bench.slo import request_meets
+
+    parts, ids = [], []
+    for trial in run.counted:
+        level = _search_answer(_trial_search(run, trial))
+        fig = level.figures.get("goodput_req_s") if level is not None else None
+        if level is None or fig is None or not fig.value or level.window_s <= 0:
+            continue
+        records = [r for r in _level_records(run, level.tag, trial) if not r.warmup]
+        if not records:
+            continue
+        slos = _slos_of(level)
+        start = min(r.scheduled_ns if r.scheduled_ns is not None else r.t_send_ns for r in records)
+        counts, bin_s = time_bins([(r.t_end_ns, 1) for r in records if r.t_end_ns is not None
+                                   and request_meets(r, slos)], start, level.window_s)
+        observed = sum(counts) / level.window_s
+        if not observed:
+            continue
+        parts.append(BinnedRate(counts, bin_s, scale=fig.value / observed))
+        ids.append(run.round_of(trial))
+    return Trials(parts, ids=ids) if parts else None
+
+
+def _level_records(run: RunData, tag: str, trial: int) -> list[RequestRecord]:
+    """Every measured request of one trial's level, failed ones too (goodput and client lag count them)."""
+    return [r for r in run.records if r.tag == tag and r.trial == trial]
+
+
+# ---- a replayed trace (docs/workloads.md, replay): its level, tagged `trace` ----
+
+def replay_level(run: RunData) -> Summary | None:
+    step = step_of_mode(run, "replay")
+    return next((s for s in step.result.levels if s.tag == "trace"), None) if step is not None else None
+
+
+def _replay_lag(run: RunData) -> Resampler | None:
+    """Replay lag: the p99 over the trace's requests of how late each was sent against the trace's schedule
+    (client lag); requests are resampled within trials."""
+    def part(run: RunData, level: Summary, trial: int) -> Resampler | None:
+        lags = [(r.t_send_ns - r.scheduled_ns) / m.NS_PER_MS for r in _level_records(run, level.tag, trial)
+                if not r.warmup and r.scheduled_ns is not None and r.error_kind != "cancelled"]
+        return PercentileOf(lags, 99) if lags else None
+    return _over_trials(run, replay_level(run), part)
+
+
+def _replay_figure(name: str) -> Callable[[RunData], Figure | None]:
+    def figure(run: RunData) -> Figure | None:
+        level = replay_level(run)
+        return level.figures.get(name) if level is not None else None
+    return figure
+
+
+def _replay_ttft_figure(run: RunData) -> Figure | None:
+    level = replay_level(run)
+    fig = level.figures.get("ttft_ms") if level is not None else None
+    if fig is None or fig.dist is None:
+        return None
+    return Figure(value=fig.dist.p50, unit="ms", definition="ttft", note="p50 over the trace's requests")
 
 
 _LIST = [
@@ -206,8 +335,22 @@ _LIST = [
               _per_request(lambda r: _ms(m.ttft_ns(r)), top_level),
               figure=lambda run: (lambda lv: lv.figures.get("ttft_ms") if lv else None)(top_level(run)),
               where=lambda run: (lambda lv: lv.tag if lv else None)(top_level(run))),
-    # Goodput exists when the bench had SLO targets (an SLO search); compared as a figure, without an interval.
-    KeyMetric("slo.goodput_req_s", "goodput req/s (SLO search)", "req/s", True, "goodput"),
+    # An SLO search's answer (the highest load meeting every target) and the goodput at it: the figures an engine
+    # is chosen by when its latency must stay within a limit.
+    KeyMetric("slo.goodput_req_s", "goodput req/s at the SLO search's answer", "req/s", True, "goodput", _goodput,
+              figure=_slo_figure("slo.goodput_req_s")),
+    KeyMetric("slo.max_rate", "highest rate meeting the SLO req/s", "req/s", True, "slo-search",
+              _search_best("rate"), figure=_slo_figure("slo.max_rate")),
+    KeyMetric("slo.max_concurrency", "highest concurrency meeting the SLO", "streams", True, "slo-search",
+              _search_best("concurrency"), figure=_slo_figure("slo.max_concurrency")),
+    # A replayed trace: whether the schedule was kept (with a --max-concurrency cap the lag includes waiting for a
+    # slot, so a server that falls behind the trace shows it), and what the server gave at the trace's load.
+    KeyMetric("replay.lag_ms", "replay lag ms (client lag p99)", "ms", False, "client-lag", _replay_lag,
+              figure=_replay_figure("client_lag_ms")),
+    KeyMetric("replay.output_tok_s", "replay output tok/s", "tok/s", True, "output-tok-s",
+              lambda run: _peak_throughput(run, level_of=replay_level), figure=_replay_figure("output_tok_s")),
+    KeyMetric("replay.ttft_ms", "replay TTFT ms (p50)", "ms", False, "ttft",
+              _per_request(lambda r: _ms(m.ttft_ns(r)), replay_level), figure=_replay_ttft_figure),
     # Reasoning apart (docs/metrics.md#reasoning), when some run thought: the answer-only figures mean the same
     # whether or not an engine thinks (or was launched without its reasoning parser); the share says how much
     # of each run's output was thinking.
