@@ -16,7 +16,8 @@ _VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise",
                   "missing": "dim",
                   "definition differs": "warn", "baseline": "dim"}
 HEADLINE_KEYS = ["single.decode_tok_s", "single.output_tok_s", "single.ttft_ms", "single.itl_ms", "single.tpot_ms",
-                 "single.e2e_ms", "peak.output_tok_s", "peak.concurrency", "peak.request_s"]
+                 "single.e2e_ms", "peak.output_tok_s", "peak.concurrency", "peak.request_s", "slo.max_rate",
+                 "slo.max_concurrency", "slo.goodput_req_s"]
 
 
 def e(value: Any) -> str:
@@ -98,19 +99,20 @@ def run_section(run: RunData, answers: list[str]) -> str:
     for trial in trials:
         counted = "counts" if trial.index in run.counted else "left out (contended)" if trial.index in run.excluded \
             else trial.status
-        for s in trial.levels:
+        for step, s in ((step, s) for step in trial.steps for s in step.result.levels):
             f = s.figures
             env = s.environment
             machine = ("<span class=\"warn\">contended: " + e("; ".join(env.reasons)) + "</span>"
                        if env is not None and env.contended else "quiet" if env is not None else "–")
-            levels.append([e(trial.index + 1), e(counted), e(s.tag), e(sent_cell(s)), e(fmt(_v(f, "output_tok_s"))),
+            levels.append([e(trial.index + 1), e(counted), e(step.name), e(s.tag), e(sent_cell(s)),
+                           e(fmt(_v(f, "output_tok_s"))),
                            e(fmt(_v(f, "decode_tok_s"))), e(fmt(_p(f, "ttft_ms", "p50"))),
                            e(fmt(_p(f, "ttft_ms", "p99"))), e(fmt(_p(f, "itl_ms", "p50"))),
                            e(fmt(_p(f, "itl_ms", "p99"))), e(fmt(s.window_s, 2)), machine])
     if levels:
         parts.append("<h3>Levels, trial by trial</h3>" + _table(
-            ["trial", "", "level", "ok/sent", "output tok/s", "decode tok/s p50", "TTFT ms p50", "TTFT p99",
-             "ITL ms p50", "ITL p99", "window s", "machine"], levels, numeric=set(range(3, 11))))
+            ["trial", "", "step", "level", "ok/sent", "output tok/s", "decode tok/s p50", "TTFT ms p50", "TTFT p99",
+             "ITL ms p50", "ITL p99", "window s", "machine"], levels, numeric=set(range(4, 12))))
     parts.append(reasoning_table(trials))
     if run.launch is not None:
         phases = [[e(p.name), e(fmt(p.start_s, 2)), e(fmt(p.end_s, 2)), e(p.detail)] for p in run.launch.phases]
