@@ -643,6 +643,7 @@ def show_cmd(
                "verify": data.verify.model_dump() if data.verify else None,
                "single": data.single.model_dump() if data.single else None,
                "sweep": data.sweep.model_dump() if data.sweep else None,
+               "steps": [{"name": s.name, "result": s.result.model_dump()} for s in data.steps],
                "provenance": data.provenance.model_dump() if data.provenance else None}
         import json
 
