@@ -225,3 +225,16 @@ def test_a_run_with_steps_round_trips_through_the_store(tmp_path: Path) -> None:
         benches = store.db.execute("SELECT DISTINCT bench FROM levels ORDER BY bench").fetchall()
     assert back == doc and len(back_records) == len(data.records)
     assert [r[0] for r in benches] == ["replay", "slo-search"]
+
+
+def test_the_report_charts_an_slo_search_and_shows_its_figures() -> None:
+    from servelab.report.charts import all_charts
+    from servelab.report.html import render_report
+
+    runs = [_run("slow", ttft_ms=150.0, bests=[2.0, 2.0], seed=1), _run("fast", ttft_ms=60.0, bests=[4.0, 8.0],
+                                                                            seed=11)]
+    chart = next(c for c in all_charts(runs) if c["id"] == "goodput")
+    assert [t["x"] for t in chart["data"]] == [[1.0, 2.0, 4.0, 8.0]] * 2
+    page = render_report(runs, compare_runs(runs))
+    for words in ("highest rate meeting the SLO", "goodput req/s at the SLO search", "replay lag ms", "slo-search"):
+        assert words in page

@@ -333,7 +333,31 @@ def ttft_by_turn(runs: list[RunData]) -> Chart:
                               "TTFT p50 (ms)", xaxis={"dtick": 1}, yaxis={"rangemode": "tozero"})}
 
 
+def goodput_vs_rate(runs: list[RunData]) -> Chart:
+    """An SLO search's probes (pooled over the trials that count): goodput against the offered rate, one line per
+    run, each point's hover saying whether that level met the targets; where goodput leaves the diagonal, requests
+    stopped meeting them."""
+    from servelab.compare.metrics import step_of_mode
+
+    labels = run_labels(runs)
+    data = []
+    for i, run in enumerate(runs):
+        step = step_of_mode(run, "slo-search")
+        levels = sorted((s for s in (step.result.levels if step else []) if s.rate is not None
+                         and _value(s, "goodput_req_s") is not None), key=lambda s: s.rate or 0.0)
+        met = ["met the targets" if s.slo and s.slo.get("passed") else "missed the targets" for s in levels]
+        data.append({"type": "scatter", "mode": "lines+markers", "name": labels[i], "marker": {"color": _color(i)},
+                     "line": {"color": _color(i)}, "x": [s.rate for s in levels],
+                     "y": [_value(s, "goodput_req_s") for s in levels], "text": met,
+                     "hovertemplate": "%{x:g} req/s offered: goodput %{y:,.2f} req/s, %{text}<extra>" + labels[i]
+                                      + "</extra>"})
+    return {"id": "goodput", "data": data,
+            "layout": _layout("Goodput vs offered rate (SLO search)", "offered rate (req/s)", "goodput (req/s)",
+                              yaxis={"rangemode": "tozero"})}
+
+
 def all_charts(runs: list[RunData]) -> list[Chart]:
     charts = [throughput_vs_concurrency(runs), ttft_vs_throughput(runs), itl_vs_throughput(runs),
-              ttft_distribution(runs), itl_distribution(runs), ttft_by_turn(runs), startup_timeline(runs)]
+              ttft_distribution(runs), itl_distribution(runs), ttft_by_turn(runs), goodput_vs_rate(runs),
+              startup_timeline(runs)]
     return [c for c in charts if any((t.get("x") or t.get("y")) for t in c["data"])]
