@@ -14,12 +14,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 import servelab
 from servelab import aio
+from servelab.host.gpus import host_gpus
 from servelab.records import HostInfo, Provenance
 # The redaction rule lives in servelab/redaction.py; these names are re-exported for the callers that used them.
 from servelab.redaction import (REDACTED, SECRET_FLAGS, is_secret_flag, is_secret_key,  # noqa: F401
@@ -60,46 +60,8 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def _gpus() -> tuple[list[dict[str, Any]], str | None]:
-    try:
-        import pynvml  # nvidia-ml-py; optional
-    except ImportError:
-        return [], None
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # no driver, no device: an ordinary CPU host
-        return [], None
-    try:
-        driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        gpus = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            gpu: dict[str, Any] = {"index": index, "name": _text(pynvml.nvmlDeviceGetName(handle))}
-            try:
-                gpu["memory_total_bytes"] = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-            except Exception:
-                pass
-            try:
-                gpu["uuid"] = _text(pynvml.nvmlDeviceGetUUID(handle))
-            except Exception:
-                pass
-            gpus.append(gpu)
-        return gpus, driver
-    except Exception:
-        return [], None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def host_info() -> HostInfo:
-    gpus, driver = _gpus()
+    gpus, driver = host_gpus()
     try:
         ram: int | None = int(psutil.virtual_memory().total)
     except Exception:

@@ -179,7 +179,7 @@ def test_gpu_reader_sums_the_trees_memory_through_nvml(monkeypatch):
     """No GPU here: NVML's shape stands in (as in the provenance test), to check what is read and summed."""
     from types import SimpleNamespace
 
-    from servelab.lifecycle.evidence import GpuReader
+    from servelab.host.gpus import Nvml
 
     class FakeNvml:
         @staticmethod
@@ -208,8 +208,8 @@ def test_gpu_reader_sums_the_trees_memory_through_nvml(monkeypatch):
             return SimpleNamespace(gpu=[0, 37][handle])
 
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml)
-    reader = GpuReader()
+    reader = Nvml()
     assert reader.available
-    assert reader.read({100, 101}) == (3 * 2**30, 37.0)
+    assert reader.memory_of({100, 101}) == (3 * 2**30, 37.0)
     reader.close()
-    assert reader.read({100}) == (None, None)
+    assert reader.memory_of({100}) == (None, None)

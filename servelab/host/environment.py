@@ -22,11 +22,11 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
 
+from servelab.host.gpus import Nvml
 from servelab.records import EnvironmentSummary, TopProcess
 
 # ---- the contention rule (docs/metrics.md#contended) ----
@@ -237,58 +237,6 @@ def _psutil_host_times() -> HostTimes | None:
                      total=busy + get("idle") + get("iowait") + get("steal"))
 
 
-class _Gpus:
-    """NVML, when nvidia-ml-py and a driver are present (provenance.py reads the same way); otherwise nothing."""
-
-    def __init__(self, enabled: bool = True) -> None:
-        self._nvml: Any = None
-        self._handles: list[Any] = []
-        if not enabled:
-            return
-        try:
-            import pynvml  # nvidia-ml-py; optional
-        except ImportError:
-            return
-        try:
-            pynvml.nvmlInit()
-        except Exception:  # no driver, no device: an ordinary CPU host
-            return
-        try:
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            self._nvml = pynvml
-        except Exception:
-            self._shutdown(pynvml)
-
-    def read(self) -> tuple[float | None, float | None]:
-        nvml = self._nvml
-        if nvml is None or not self._handles:
-            return None, None
-        utils: list[float] = []
-        clocks: list[float] = []
-        for h in self._handles:
-            try:
-                utils.append(float(nvml.nvmlDeviceGetUtilizationRates(h).gpu))
-            except Exception:
-                pass
-            try:
-                clocks.append(float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)))
-            except Exception:
-                pass
-        return (sum(utils) / len(utils) if utils else None, sum(clocks) / len(clocks) if clocks else None)
-
-    def close(self) -> None:
-        if self._nvml is not None:
-            self._shutdown(self._nvml)
-            self._nvml = None
-
-    @staticmethod
-    def _shutdown(nvml: Any) -> None:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
-
-
 def _proc_cpu(proc: psutil.Process) -> float:
     t = proc.cpu_times()
     return t.user + t.system  # its own threads; children are tracked (or not) on their own
@@ -362,7 +310,7 @@ class EnvironmentSampler:
         self._last_cpu: dict[int, float | None] = {}
         self._engine_total = 0.0
         self._last_refresh = 0.0
-        self._gpus = _Gpus(gpu)
+        self._gpus = Nvml(gpu)
         self._level: list[Reading] = []
         self._level_wall = time.time()
         self._level_scan: dict[int, _Seen] = {}
@@ -471,7 +419,7 @@ class EnvironmentSampler:
             load1: float | None = os.getloadavg()[0]
         except (OSError, AttributeError):
             load1 = None
-        util, clock = self._gpus.read()
+        util, clock = self._gpus.mean_utilization_and_clock()
         return Reading(t=time.monotonic(), host=host, cpus=cpus, load1=load1,
                        run_queue=max(0, running - 1) if running is not None else None,  # minus the looker
                        client_s=self._client_cpu(), engine_s=self._engine_cpu(), gpu_util=util, gpu_clock=clock)

@@ -14,10 +14,10 @@ import socket
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 
+from servelab.host.gpus import Nvml
 from servelab.records import EvidenceSample
 
 # --------------------------------------------------------------------------------------------------------------
@@ -64,62 +64,6 @@ def port_state(host: str, port: int, timeout_s: float = 0.2) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# GPUs (NVML, optional)
-# --------------------------------------------------------------------------------------------------------------
-
-class GpuReader:
-    """GPU memory used by a set of pids, and the busiest GPU's utilization, through NVML when importable.
-
-    Initialised once; on a host without the library or a driver every read is (None, None) and costs nothing.
-    """
-
-    def __init__(self) -> None:
-        self._nvml: Any = None
-        try:
-            import pynvml  # nvidia-ml-py; optional
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        except Exception:  # not installed, no driver, no device: an ordinary CPU host
-            self._nvml = None
-            self._handles = []
-
-    @property
-    def available(self) -> bool:
-        return bool(self._handles)
-
-    def read(self, pids: set[int]) -> tuple[int | None, float | None]:
-        if not self._handles:
-            return None, None
-        nvml = self._nvml
-        used = 0
-        busiest: float | None = None
-        for handle in self._handles:
-            try:
-                for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                    if proc.pid in pids and proc.usedGpuMemory is not None:
-                        used += int(proc.usedGpuMemory)
-            except Exception:
-                pass
-            try:
-                util = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-                busiest = util if busiest is None else max(busiest, util)
-            except Exception:
-                pass
-        return used, busiest
-
-    def close(self) -> None:
-        if self._nvml is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except Exception:
-                pass
-            self._nvml = None
-            self._handles = []
-
-
-# --------------------------------------------------------------------------------------------------------------
 # The sampler
 # --------------------------------------------------------------------------------------------------------------
 
@@ -140,7 +84,7 @@ class EvidenceSampler:
     log_path: Path | None = None
     host: str | None = None
     port: int | None = None
-    gpu: GpuReader | None = None
+    gpu: Nvml | None = None
     samples: list[EvidenceSample] = field(default_factory=list)
     _seen: dict[int, psutil.Process] = field(default_factory=dict)
     _exited: set[int] = field(default_factory=set)
@@ -153,7 +97,7 @@ class EvidenceSampler:
             except psutil.Error:
                 self._root = None
         if self.gpu is None:
-            self.gpu = GpuReader()
+            self.gpu = Nvml()
 
     def tree(self) -> list[psutil.Process]:
         """The root and its live descendants; remembers members so that their exit can be counted."""
@@ -205,7 +149,7 @@ class EvidenceSampler:
             by_state, in_futex = thread_states(proc.pid)
             states += by_state
             futex += in_futex
-        gpu_mem, gpu_util = self.gpu.read({p.pid for p in procs}) if self.gpu else (None, None)
+        gpu_mem, gpu_util = self.gpu.memory_of({p.pid for p in procs}) if self.gpu else (None, None)
         sample = EvidenceSample(
             t_s=round(t_s, 3), phase=log.phase, progress=log.progress,
             log_bytes=_size(self.log_path), log_lines=log.lines,
