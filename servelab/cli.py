@@ -202,8 +202,8 @@ def bench_cmd(
                                            "throughput stops growing), concurrency (one closed-loop level), rate "
                                            "(one open-loop level), rate-sweep, slo-search (the highest load "
                                            "that meets --slo), multiturn (conversations whose history grows "
-                                           "turn by turn) or replay (a trace's arrival times and "
-                                           "lengths).")] = "single",
+                                           "turn by turn), replay (a trace's arrival times and "
+                                           "lengths) or burst (--requests N sent at once).")] = "single",
     model: ModelOpt = None,
     requests: Annotated[Optional[int], typer.Option(help="Measured requests: in single mode (default 8), or per "
                                                          "level in the other modes.")] = None,

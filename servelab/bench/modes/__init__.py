@@ -11,6 +11,7 @@ give (the order `--mode` lists them in); docs/metrics.md describes each.
     slo_search    the highest load that meets the latency targets
     multiturn     conversations, closed or open loop
     replay        a trace's arrival times
+    burst         N requests at once
 
 A new mode is one file here with its `@mode(name)` class, and its import below.
 """
@@ -24,6 +25,7 @@ from servelab.bench.modes import rate_sweep  # noqa: F401
 from servelab.bench.modes import slo_search  # noqa: F401
 from servelab.bench.modes import multiturn  # noqa: F401
 from servelab.bench.modes import replay  # noqa: F401
+from servelab.bench.modes import burst  # noqa: F401
 from servelab.bench.state import BenchOptions
 
 
