@@ -29,7 +29,8 @@ from servelab.engines import REGISTRY, get_engine
 from servelab.engines.base import EngineAdapter, EngineSpec
 from servelab.errors import UserError
 from servelab.lifecycle.diagnose import StartupJudge, crashed_verdict
-from servelab.lifecycle.evidence import EvidenceSampler, LogCounters
+from servelab.lifecycle.evidence import EvidenceSampler
+from servelab.lifecycle.observe import StartupObserver
 from servelab.lifecycle.phases import LogTailer, PhaseTracker
 from servelab.lifecycle.probe import PROBE_TIMEOUT_S, http_get
 from servelab.lifecycle.readback import lint_all, log_lines_for_lint, read_runtime_config
@@ -86,7 +87,6 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
                      + (f" (of {', '.join(candidates)})" if len(candidates) > 1 else ""))
 
     tracker = PhaseTracker(adapter)
-    counters = LogCounters()
     log_age_s: float | None = None
     tailer: LogTailer | None = None
     if log is not None:
@@ -99,25 +99,18 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
     sampler = EvidenceSampler(live_pid, Path(log) if log else None)
     before = -(log_age_s or 0.0)  # assumed: nothing moved between the last log write and the window
     judge = StartupJudge(adapter, None, None, t0_s=before)
+    observer = StartupObserver(adapter, tracker, sampler, judge)
     t0 = time.monotonic()
     probe_state, probe_status = None, None
     try:
         while True:
             now = time.monotonic() - t0
             if tailer is not None:
-                for line in tailer.read_lines():
-                    tracker.feed(line, now)
-                    if adapter.heartbeat_lines is None or not adapter.heartbeat_lines.search(line):
-                        counters.lines += 1
+                observer.feed(tailer.read_lines(), now)
                 tracker.feed_partial(tailer.pending(), now)
             if url is not None:
                 probe_state, probe_status = _probe(adapter, url)
-            counters.phase = tracker.current.name if log is not None else NO_LOG_PHASE
-            counters.progress = tracker.current.progress
-            sample = sampler.sample(now, counters, probe_state)
-            if url is not None:
-                sample.port = "closed" if probe_state == "down" else "open"
-            judge.observe(sample)
+            observer.sample(now, probe_state, phase=None if log is not None else NO_LOG_PHASE)
             if live_pid is not None and not _alive(live_pid):
                 return _gone(adapter, live_pid, log, url, samples=sampler.samples)
             if probe_state == "ready" or now >= seconds:

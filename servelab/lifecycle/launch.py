@@ -19,7 +19,8 @@ from servelab.engines import get_engine
 from servelab.engines.base import EngineAdapter, EngineSpec, Launch
 from servelab.errors import EngineFailed, UserError
 from servelab.lifecycle.diagnose import OOM_HINT, StartupJudge, crashed_verdict
-from servelab.lifecycle.evidence import EvidenceSampler, LogCounters
+from servelab.lifecycle.evidence import EvidenceSampler
+from servelab.lifecycle.observe import StartupObserver
 from servelab.lifecycle.phases import LogTailer, PhaseTracker
 from servelab.lifecycle.ports import ensure_port_free, free_port
 from servelab.lifecycle.probe import POLL_S, Prober, ProbeReading
@@ -166,7 +167,7 @@ class _StartupWatch:
         self.stall_action, self.sample_every_s = stall_action, sample_every_s
         self.sampler = EvidenceSampler(process.pid, process.log_path)
         self.judge = StartupJudge(adapter, launch.extra.get("model_size_bytes"), stall_budget_s)
-        self.counters = LogCounters()
+        self.observer = StartupObserver(adapter, tracker, self.sampler, self.judge)
         self.verdict: Verdict | None = None
         self.verdicts: list[Verdict] = []  # one per change of state, for the record
 
@@ -221,18 +222,11 @@ class _StartupWatch:
 
     # ---- evidence ----
     def _feed(self, lines: list[str], now: float) -> None:
-        heartbeat = self.adapter.heartbeat_lines
-        for line in lines:
-            self.tracker.feed(line, now)
-            if heartbeat is None or not heartbeat.search(line):
-                self.counters.lines += 1
+        self.observer.feed(lines, now)
 
     def _sample(self, now: float, probe: str) -> None:
+        self.observer.sample(now, probe)
         current = self.tracker.current
-        self.counters.phase, self.counters.progress = current.name, current.progress
-        sample = self.sampler.sample(now, self.counters, probe)
-        sample.port = "closed" if probe == "down" else "open"  # the prober's connects say it without another one
-        self.judge.observe(sample)
         self._set_verdict(self.judge.verdict(now, phase=current.name, phase_start_s=current.start_s,
                                              progress=current.progress, probe=probe,
                                              ready_line_s=self.tracker.ready_line_s,
