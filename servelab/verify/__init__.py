@@ -7,7 +7,8 @@ Modules: `http` (requests, transport errors as reasons; SSE parsing is `servelab
 registry and one function per check), `runner` (deadlines, selection, the VerifyResult).
 """
 
-from servelab.verify.checks import CHECKS, Check, CheckContext, CheckFailed, Evidence, Verdict, check
+from servelab.verify.checks import CHECKS, Check, CheckContext, CheckFailed, CheckVerdict, Evidence, check
 from servelab.verify.runner import run_checks, verify
 
-__all__ = ["CHECKS", "Check", "CheckContext", "CheckFailed", "Evidence", "Verdict", "check", "run_checks", "verify"]
+__all__ = ["CHECKS", "Check", "CheckContext", "CheckFailed", "CheckVerdict", "Evidence", "check", "run_checks",
+           "verify"]

@@ -13,7 +13,7 @@ import time
 from servelab.errors import UserError
 from servelab.records import CheckResult, VerifyResult
 from servelab.redaction import redact_text
-from servelab.verify.checks import (CHECKS, Check, CheckContext, CheckFailed, Evidence, Verdict, discover_model)
+from servelab.verify.checks import CHECKS, Check, CheckContext, CheckFailed, CheckVerdict, Evidence, discover_model
 from servelab.verify.checks.registry import DEFAULT_CONCURRENCY
 from servelab.net import check_credentials
 from servelab.verify.http import BadResponse, ensure_reachable, new_session, normalize_base_url
@@ -63,14 +63,14 @@ async def run_one(check: Check, ctx: CheckContext, timeout_s: float) -> CheckRes
             verdict = await check.run(ctx, evidence)
     except TimeoutError:
         ctx.stall = stall_kind(flights, timeout_s)
-        verdict = Verdict("fail", f"timed out after {timeout_s:g}s")
+        verdict = CheckVerdict("fail", f"timed out after {timeout_s:g}s")
     except BadResponse as exc:
-        verdict = Verdict("fail", str(exc))
+        verdict = CheckVerdict("fail", str(exc))
         evidence.response_excerpt = evidence.response_excerpt or exc.excerpt
         if isinstance(exc, Overflow) and ctx.hostile is None:
             ctx.hostile = str(exc)
     except CheckFailed as exc:
-        verdict = Verdict("fail", str(exc))
+        verdict = CheckVerdict("fail", str(exc))
     finally:
         FLIGHTS.reset(token)
     # A server may echo the key it was sent (a 401 body): it never reaches the record or the terminal.

@@ -1,7 +1,7 @@
 """The verify checks, by theme. Importing this package registers every check, in the order the runner runs them:
 the order of the imports below (docs/verify.md describes each check).
 
-    registry      CHECKS, @check, CheckContext, Evidence, Verdict, Findings
+    registry      CHECKS, @check, CheckContext, Evidence, CheckVerdict, Findings
     common        validation shared by several checks (requests, usage, content, reading a chat stream)
     basic         models, chat, chat_stream: the story's checks
     completions   completions
@@ -16,8 +16,8 @@ the order of the imports below (docs/verify.md describes each check).
     sdk           openai_sdk
 """
 
-from servelab.verify.checks.registry import (CHECKS, Check, CheckContext, CheckFailed, CheckFn, Evidence, Findings,
-                                             Verdict, check, skip)
+from servelab.verify.checks.registry import (CHECKS, Check, CheckContext, CheckFailed, CheckFn, CheckVerdict, Evidence,
+                                             Findings, check, skip)
 from servelab.verify.checks.common import (CHAT_PROMPT, FINISH_REASONS, StreamReading, chat_request, check_content,
                                            check_usage, first_difference, is_int, quoted, read_chat_stream,
                                            reasoning_of)
@@ -36,6 +36,6 @@ from servelab.verify.checks import sdk  # noqa: F401
 from servelab.verify.checks.basic import discover_model, listed_model_ids
 
 __all__ = ["CHAT_PROMPT", "CHECKS", "Check", "CheckContext", "CheckFailed", "CheckFn", "Evidence", "FINISH_REASONS",
-           "Findings", "StreamReading", "Verdict", "chat_request", "check", "check_content", "check_usage",
+           "Findings", "StreamReading", "CheckVerdict", "chat_request", "check", "check_content", "check_usage",
            "discover_model", "first_difference", "is_int", "listed_model_ids", "quoted", "read_chat_stream",
            "reasoning_of", "skip"]

@@ -9,7 +9,7 @@ from servelab.verify.checks.common import (CHAT_PROMPT, chat_request, check_cont
                                            check_usage, compare_with_chat, FINISH_REASONS, judge_stream_completion,
                                            judge_stream_end, judge_stream_format, quoted, read_chat_answer,
                                            read_chat_stream, reasoning_of, send_stream, StreamReading)
-from servelab.verify.checks.registry import CheckContext, CheckFailed, Evidence, Findings, Verdict, check
+from servelab.verify.checks.registry import CheckContext, CheckFailed, CheckVerdict, Evidence, Findings, check
 from servelab.verify.checks.thinking import judge_thinking, read_signals
 from servelab.verify.http import (BadResponse, excerpt, excerpt_ends_bytes, one_line, post_stream,
                                   request_json)
@@ -49,7 +49,7 @@ async def discover_model(ctx: CheckContext) -> str | None:
 
 
 @check("models", "GET /v1/models lists a model", needs_model=False)
-async def models_listed(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def models_listed(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     reply = await request_json(ctx.session, "GET", ctx.base_url, "/v1/models")
     evidence.response_excerpt = excerpt(reply.text)
     ids, openai_shape = listed_model_ids(reply.body)
@@ -71,7 +71,7 @@ async def models_listed(ctx: CheckContext, evidence: Evidence) -> Verdict:
 
 
 @check("chat", "POST /v1/chat/completions returns a well-formed chat.completion")
-async def chat_completion(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def chat_completion(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None  # needs_model
     evidence.request = chat_request(ctx.model)
     reply = await request_json(ctx.session, "POST", ctx.base_url, "/v1/chat/completions", evidence.request)
@@ -144,7 +144,7 @@ async def answer_after_thinking(ctx: CheckContext, findings: Findings, reasoning
 
 
 @check("chat_stream", "Streamed chat: SSE, [DONE], usage, same text as non-streamed")
-async def chat_stream(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def chat_stream(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None  # needs_model
     evidence.request = chat_request(ctx.model, stream=True)
 

@@ -7,7 +7,7 @@ from typing import Any
 from servelab.verify.checks.common import (FINISH_REASONS, check_usage, describe_difference, quoted,
                                            read_chat_stream, send_stream, judge_stream_completion,
                                            judge_stream_end, judge_stream_format)
-from servelab.verify.checks.registry import CheckContext, CheckFailed, Evidence, Findings, Verdict, check, skip
+from servelab.verify.checks.registry import CheckContext, CheckFailed, CheckVerdict, Evidence, Findings, check, skip
 from servelab.verify.http import excerpt, parse_json, request_raw, one_line
 
 COMPLETION_PROMPT = "The capital of France is"
@@ -23,7 +23,7 @@ def completion_body(model: str, *, stream: bool = False) -> dict[str, Any]:
 
 
 @check("completions", "POST /v1/completions returns a text_completion, plain and streamed")
-async def completions(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def completions(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     evidence.request = completion_body(ctx.model)
     reply = await request_raw(ctx.session, "POST", ctx.base_url, "/v1/completions", evidence.request)

@@ -11,7 +11,7 @@ import json
 
 from servelab.verify.checks.common import (StreamReading, chat_body, quoted, read_chat_stream, send_stream,
                                            usage_counts)
-from servelab.verify.checks.registry import CheckContext, Evidence, Findings, Verdict, check
+from servelab.verify.checks.registry import CheckContext, CheckVerdict, Evidence, Findings, check
 from servelab.verify.http import BadResponse, StreamReply, one_line
 
 CONCURRENCY_PROMPT = "Write a long story about a robot who learns to paint."
@@ -19,7 +19,7 @@ CONCURRENCY_MAX_TOKENS = 32
 
 
 @check("concurrency", "Simultaneous streams all complete, each with its finish_reason and framing")
-async def concurrency(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def concurrency(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     body = chat_body(ctx.model, CONCURRENCY_PROMPT, CONCURRENCY_MAX_TOKENS, stream=True)
     evidence.request = body

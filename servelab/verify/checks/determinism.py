@@ -11,7 +11,7 @@ import json
 
 from servelab.verify.checks.common import (ChatAnswer, chat_body, describe_difference, distinct_texts, quoted,
                                            send_chat)
-from servelab.verify.checks.registry import CheckContext, Evidence, Findings, Verdict, check
+from servelab.verify.checks.registry import CheckContext, CheckVerdict, Evidence, Findings, check
 from servelab.verify.http import excerpt
 
 DETERMINISM_PROMPT = "Write a short poem about the sea."
@@ -29,7 +29,7 @@ async def sequential_text(ctx: CheckContext, evidence: Evidence) -> str:
 
 
 @check("determinism", f"Temperature 0 gives the same text over {REPEATS} sequential repeats")
-async def determinism(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def determinism(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     body = chat_body(ctx.model, DETERMINISM_PROMPT, DETERMINISM_MAX_TOKENS)
     texts = [(await send_chat(ctx, evidence, body)).text for _ in range(REPEATS)]
@@ -44,7 +44,7 @@ async def determinism(ctx: CheckContext, evidence: Evidence) -> Verdict:
 
 @check("determinism_concurrent", "Temperature 0 under concurrency: the same text from simultaneous requests "
                                  "(a warning when not: batching may change it)")
-async def determinism_concurrent(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def determinism_concurrent(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     reference = await sequential_text(ctx, evidence)
     body = chat_body(ctx.model, DETERMINISM_PROMPT, DETERMINISM_MAX_TOKENS)

@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 from servelab.verify.checks.common import chat_body, is_int
-from servelab.verify.checks.registry import CheckContext, Evidence, Findings, Verdict, check
+from servelab.verify.checks.registry import CheckContext, CheckVerdict, Evidence, Findings, check
 from servelab.verify.http import BadResponse, RawReply, excerpt, one_line, request_json, request_raw
 
 SHORT_PROMPT = "Reply with the single word: yes."
@@ -72,7 +72,7 @@ def error_summary(body: dict[str, Any]) -> str:
 
 
 @check("error_unknown_model", "A request for a model the server does not serve gets a 4xx with an error body")
-async def error_unknown_model(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def error_unknown_model(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     findings = Findings()
     reply = await send_bad(ctx, evidence, chat_body(UNKNOWN_MODEL, SHORT_PROMPT, 4))
     # Single-model servers (llama.cpp, llama-cpp-python) answer for any name: lenient, and said as a warning.
@@ -81,7 +81,7 @@ async def error_unknown_model(ctx: CheckContext, evidence: Evidence) -> Verdict:
 
 
 @check("error_invalid_params", "Invalid parameters (max_tokens -1, temperature \"hot\") get a 4xx with an error body")
-async def error_invalid_params(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def error_invalid_params(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     findings = Findings()
     cases = [("max_tokens -1", chat_body(ctx.model, SHORT_PROMPT, -1)),
@@ -118,7 +118,7 @@ async def context_length(ctx: CheckContext) -> tuple[int | None, str]:
 
 
 @check("error_context", "A prompt longer than the context gets a 4xx with an error body")
-async def error_context(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def error_context(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     n_ctx, source = await context_length(ctx)
     words = n_ctx + OVERFLOW_MARGIN_WORDS if n_ctx else FALLBACK_PROMPT_WORDS
@@ -127,7 +127,7 @@ async def error_context(ctx: CheckContext, evidence: Evidence) -> Verdict:
     reply = await send_bad(ctx, evidence, body)
     evidence.request = body | {"messages": [{"role": "user", "content": f"\"hello \" × {words}"}]}  # not 50 KB
     if n_ctx is None and not isinstance(reply, str) and 200 <= reply.status < 300:
-        return Verdict("skip", f"the context length is not published and a {words}-word prompt was accepted: the "
+        return CheckVerdict("skip", f"the context length is not published and a {words}-word prompt was accepted: the "
                                f"context is larger or not enforced; overflow not tested")
     what = f"a {words}-word prompt for a {n_ctx}-token context ({source})" if n_ctx else \
         f"a {words}-word prompt (context length not published)"

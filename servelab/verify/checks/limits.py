@@ -6,7 +6,7 @@ import re
 
 from servelab.verify.checks.common import (chat_body, describe_difference, quoted, read_chat_stream,
                                            send_chat, send_stream, usage_counts)
-from servelab.verify.checks.registry import CheckContext, Evidence, Findings, Verdict, check, skip
+from servelab.verify.checks.registry import CheckContext, CheckVerdict, Evidence, Findings, check, skip
 
 # A prompt a model answers at length, so that the limit, not the model, ends the answer.
 LONG_PROMPT = "Write a long story about a robot who learns to paint."
@@ -15,7 +15,7 @@ STOP_BASE_TOKENS = 24
 
 
 @check("max_tokens", "max_tokens is honoured: finish_reason length, completion_tokens == max_tokens")
-async def max_tokens_honoured(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def max_tokens_honoured(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     findings = Findings()
     answer = await send_chat(ctx, evidence, chat_body(ctx.model, LONG_PROMPT, LIMIT_MAX_TOKENS))
@@ -65,7 +65,7 @@ def pick_stop(text: str) -> str | None:
 
 
 @check("stop", "Stop sequences end the answer and are not emitted, plain and streamed")
-async def stop_sequences(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def stop_sequences(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     base = await send_chat(ctx, evidence, chat_body(ctx.model, LONG_PROMPT, STOP_BASE_TOKENS))
     stop = pick_stop(base.text)

@@ -11,7 +11,7 @@ from typing import Any
 
 from servelab.verify.checks.common import (chat_body, is_int, quoted, read_chat_stream, send_chat, send_stream,
                                            usage_counts)
-from servelab.verify.checks.registry import CheckContext, Evidence, Findings, Verdict, check, skip
+from servelab.verify.checks.registry import CheckContext, CheckVerdict, Evidence, Findings, check, skip
 from servelab.engines.reasoning_families import family_of, fix_for
 from servelab.verify.checks.thinking import judge_thinking, read_signals, served_engine
 
@@ -38,7 +38,7 @@ def reasoning_tokens(usage: Any) -> int | None:
 
 
 @check("reasoning", "Reasoning arrives in reasoning_content/reasoning, not as <think> in content, and is counted")
-async def reasoning(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def reasoning(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     answer = await send_chat(ctx, evidence, chat_body(ctx.model, REASONING_PROMPT, REASONING_MAX_TOKENS))
     field = reasoning_field(answer.message)

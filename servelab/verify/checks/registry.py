@@ -1,10 +1,11 @@
 """The registry the checks live in, the context they share, and how a check states its verdict.
 
-A check is one async function `(ctx, evidence) -> Verdict`, registered with `@check(id, title)`; the runner runs
-the registered checks in registration order (the import order in `checks/__init__.py`). A check records the request
-body it sends and an excerpt of the answer in `evidence` *as it goes*, so that a check cut off by its deadline still
-shows what happened. It fails by returning a fail Verdict or by raising `CheckFailed` / `http.BadResponse`; any other
-exception is a bug and propagates. A check returns a skip Verdict when the server lacks the feature it tests.
+A check is one async function `(ctx, evidence) -> CheckVerdict`, registered with `@check(id, title)`; the runner
+runs the registered checks in registration order (the import order in `checks/__init__.py`). A check records the
+request body it sends and an excerpt of the answer in `evidence` *as it goes*, so that a check cut off by its deadline
+still shows what happened. It fails by returning a fail CheckVerdict or by raising `CheckFailed` /
+`http.BadResponse`; any other exception is a bug and propagates. A check returns a skip CheckVerdict when the server
+lacks the feature it tests. (A CheckVerdict is one check's outcome; `records.Verdict` is a start-up's state.)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Evidence:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CheckVerdict:
     outcome: CheckOutcome
     reason: str
 
@@ -57,7 +58,7 @@ class CheckContext:
     hostile: str | None = None
 
 
-CheckFn = Callable[[CheckContext, Evidence], Awaitable[Verdict]]
+CheckFn = Callable[[CheckContext, Evidence], Awaitable[CheckVerdict]]
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,11 @@ class Findings:
         """A fail where the check is strict about it, else a warning."""
         (self.fail if strict else self.warn)(text)
 
-    def verdict(self, headline: str | None = None) -> Verdict:
+    def verdict(self, headline: str | None = None) -> CheckVerdict:
         outcome: CheckOutcome = "fail" if self.fails else "warn" if self.warns else "pass"
         parts = ([headline] if headline else []) + self.fails + self.warns + self.notes
-        return Verdict(outcome, "; ".join(parts) or "ok")
+        return CheckVerdict(outcome, "; ".join(parts) or "ok")
 
 
-def skip(reason: str) -> Verdict:
-    return Verdict("skip", reason)
+def skip(reason: str) -> CheckVerdict:
+    return CheckVerdict("skip", reason)

@@ -9,7 +9,7 @@ import importlib.util
 from typing import Any
 
 from servelab.verify.checks.common import CHAT_PROMPT, quoted
-from servelab.verify.checks.registry import CheckContext, Evidence, Findings, Verdict, check, skip
+from servelab.verify.checks.registry import CheckContext, CheckVerdict, Evidence, Findings, check, skip
 from servelab.verify.http import excerpt
 
 SDK_MAX_TOKENS = 16
@@ -17,7 +17,7 @@ NO_KEY = "servelab-no-key"  # the SDK insists on a key; a server without auth ig
 
 
 @check("openai_sdk", "The official openai Python SDK reads a plain and a streamed chat answer")
-async def openai_sdk(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def openai_sdk(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     if ctx.hostile is not None:
         # The SDK reads with its own client (httpx), without verify's bounds: not against a body already hostile.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from servelab.verify.checks.common import (chat_body, describe_difference, judge_stream_completion,
                                            judge_stream_end, judge_stream_format, quoted, read_chat_stream,
                                            send_chat, send_stream)
-from servelab.verify.checks.registry import CheckContext, CheckFailed, Evidence, Findings, Verdict, check
+from servelab.verify.checks.registry import CheckContext, CheckFailed, CheckVerdict, Evidence, Findings, check
 from servelab.verify.http import StreamReply
 
 # Small models do write "café" back; "é" is two bytes in UTF-8, and many tokenizers split it from "caf".
@@ -17,7 +17,7 @@ SSE_FIELDS = ("data", "event", "id", "retry")
 
 @check("stream_framing", "Streamed chat framing: data: events, role delta, one finish_reason, usage chunk, [DONE], "
                          "UTF-8 intact")
-async def stream_framing(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def stream_framing(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     plain = await send_chat(ctx, None, chat_body(ctx.model, UTF8_PROMPT, UTF8_MAX_TOKENS))
     reply = await send_stream(ctx, evidence, chat_body(ctx.model, UTF8_PROMPT, UTF8_MAX_TOKENS, stream=True))

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from servelab.verify.checks.common import chat_body, quoted, read_chat_answer, send_chat, usage_counts
-from servelab.verify.checks.registry import CheckContext, CheckFailed, Evidence, Findings, Verdict, check, skip
+from servelab.verify.checks.registry import CheckContext, CheckFailed, CheckVerdict, Evidence, Findings, check, skip
 from servelab.verify.http import excerpt, one_line, parse_json, request_raw
 
 TOOL_PROMPT = "What is the weather in Paris right now? Use the get_weather tool."
@@ -23,7 +23,7 @@ WEATHER_TOOL = {"type": "function", "function": {
 
 
 @check("tool_calls", "A request with tools yields tool_calls with valid JSON arguments")
-async def tool_calls(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def tool_calls(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     evidence.request = chat_body(ctx.model, TOOL_PROMPT, TOOL_MAX_TOKENS, tools=[WEATHER_TOOL],
                                  tool_choice="required")

@@ -8,7 +8,7 @@ from servelab.protocol.tokenize import ENDPOINTS, LLAMA_CPP_APPLY_TEMPLATE, Toke
 from servelab.verify.checks.common import (chat_body, check_usage, quoted, read_chat_stream, send_chat,
                                            send_stream, usage_counts)
 from servelab.verify.checks.limits import LONG_PROMPT
-from servelab.verify.checks.registry import CheckContext, Evidence, Findings, Verdict, check, skip
+from servelab.verify.checks.registry import CheckContext, CheckVerdict, Evidence, Findings, check, skip
 from servelab.verify.http import BadResponse, request_raw
 
 USAGE_MAX_TOKENS = 16
@@ -16,7 +16,7 @@ COUNT_MAX_TOKENS = 24
 
 
 @check("usage", "usage adds up (prompt + completion = total) and is the same streamed and not")
-async def usage_consistent(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def usage_consistent(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     findings = Findings()
     plain = await send_chat(ctx, evidence, chat_body(ctx.model, LONG_PROMPT, USAGE_MAX_TOKENS))
@@ -80,7 +80,7 @@ async def find_tokenizer(ctx: CheckContext) -> TokenizeEndpoint | None:
 
 
 @check("usage_count", "completion_tokens matches the server's tokenizer count of the answer")
-async def usage_count(ctx: CheckContext, evidence: Evidence) -> Verdict:
+async def usage_count(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     assert ctx.model is not None
     tokenizer = await find_tokenizer(ctx)
     if tokenizer is None:
@@ -89,11 +89,11 @@ async def usage_count(ctx: CheckContext, evidence: Evidence) -> Verdict:
     answer = await send_chat(ctx, evidence, chat_body(ctx.model, LONG_PROMPT, COUNT_MAX_TOKENS))
     counts = usage_counts(answer.usage)
     if counts is None:
-        return Verdict("fail", f"no integer usage to compare: {answer.usage!r}")
+        return CheckVerdict("fail", f"no integer usage to compare: {answer.usage!r}")
     overhead = await count_tokens(ctx, tokenizer, "")  # a BOS token some endpoints always add
     counted = await count_tokens(ctx, tokenizer, answer.text)
     if counted is None or overhead is None:
-        return Verdict("fail", f"{tokenizer.title} stopped answering")
+        return CheckVerdict("fail", f"{tokenizer.title} stopped answering")
     counted -= overhead
     findings = Findings()
     completion = counts[1]
