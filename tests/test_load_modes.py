@@ -138,7 +138,7 @@ def test_rate_sweep_runs_a_list_or_a_ramp(cal) -> None:
     (BenchArgs(mode="rate", rate="-3"), "positive"),
     (BenchArgs(mode="sweep", rate="3"), "does not apply"),
     (BenchArgs(mode="single", prefix_groups=2), "need --prefix-groups, --prefix-tokens and --input-tokens"),
-    (BenchArgs(mode="burst"), "unknown mode"),
+    (BenchArgs(mode="storm"), "unknown mode"),
 ])
 def test_bad_option_combinations_are_refused_before_anything_is_sent(args: BenchArgs, needle: str) -> None:
     with pytest.raises(UserError, match=needle):
