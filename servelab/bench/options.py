@@ -16,7 +16,7 @@ from pathlib import Path
 
 from servelab.bench.client import Deadlines
 from servelab.bench.loads.arrivals import ARRIVALS
-from servelab.bench.modes import MODES
+from servelab.bench.modes import MODES, get_mode
 from servelab.bench.plans import LoadPlan
 from servelab.bench.slo import parse_slos
 from servelab.bench.state import BenchOptions
@@ -125,7 +125,7 @@ def build_options(a: BenchArgs) -> BenchOptions:
     if a.max_level_duration is not None:
         rule = replace(rule, max_level_duration_s=a.max_level_duration)
     slos = parse_slos(a.slo)
-    if slos and a.mode in ("single", "sweep"):
+    if slos and not get_mode(a.mode).takes_slos:
         raise UserError("latency targets (--slo) apply to --mode concurrency, rate, rate-sweep and slo-search")
     plan = build_plan(a, slos)
     level_duration_s = a.duration or DEFAULT_LEVEL_DURATION_S
@@ -179,15 +179,9 @@ def build_deadlines(a: BenchArgs) -> Deadlines:
 def check_schedule(mode: str, plan: LoadPlan, rule: SteadyRule, level_duration_s: float) -> None:
     """Refuse an open-loop schedule that would take longer than MAX_SECONDS or hold more than MAX_SCHEDULED
     requests (it is computed, and its requests built, before the level starts), saying how long or how many."""
-    if not (mode in ("rate", "rate-sweep") or (mode == "slo-search" and plan.search == "rate")):
+    rates = get_mode(mode).schedule_rates(plan)
+    if rates is None:  # the mode schedules no requests at a rate
         return
-    if plan.rates:
-        rates = list(plan.rates)
-    elif mode == "slo-search":
-        start = plan.search_start or plan.ramp_start
-        rates = [start / 64, start, plan.max_rate]
-    else:
-        rates = [plan.ramp_start, plan.max_rate]
     requests, duration = plan.bounds(level_duration_s)
     horizon = rule.cap_s(duration)  # with the steady-state extension, a level may schedule up to its cap
     for rate in rates:
@@ -233,15 +227,15 @@ def build_plan(a: BenchArgs, slos) -> LoadPlan:
         raise UserError(f"unknown arrival process '{arrival}'", hint=f"use --arrival {', '.join(ARRIVALS)}")
     if a.burstiness != 1.0 and arrival != "gamma":
         raise UserError(f"--burstiness applies to gamma arrivals, not {arrival}", hint="use --arrival gamma")
-    open_loop = a.mode in ("rate", "rate-sweep") or (a.mode == "slo-search" and a.search == "rate")
     if a.users is not None and a.mode != "multiturn":
         raise UserError("--users applies to --mode multiturn")
     if a.mode == "multiturn" and rates and a.users is not None:
         raise UserError("--mode multiturn is closed loop with --users N or open loop with --rate R, not both")
     plan = LoadPlan(concurrency=a.users or a.concurrency or 1, rates=rates, arrival=arrival, burstiness=a.burstiness,
                     seed=a.seed, requests=a.requests, duration_s=a.duration,
-                    max_concurrency=a.max_concurrency if open_loop else None, max_rate=a.max_rate, slos=slos,
-                    search=a.search, max_probes=a.max_probes)  # type: ignore[arg-type]
+                    max_rate=a.max_rate, slos=slos, search=a.search, max_probes=a.max_probes)  # type: ignore[arg-type]
+    if get_mode(a.mode).schedule_rates(plan) is not None:  # open loop at a rate: --max-concurrency caps it
+        plan.max_concurrency = a.max_concurrency
     if a.mode == "slo-search":
         plan.search_start = rates[0] if rates else (a.concurrency if a.search == "concurrency" else None)
         if a.search == "concurrency":

@@ -9,6 +9,7 @@ from servelab.bench.levels import run_level
 from servelab.bench.loads import Target, rate_tag, run_rate
 from servelab.bench.loads.control import LevelControl
 from servelab.bench.modes.registry import Mode, mode
+from servelab.bench.plans import LoadPlan
 from servelab.bench.sender import Sender
 from servelab.bench.state import BenchOptions, RunState
 from servelab.errors import UserError
@@ -60,6 +61,9 @@ class Rate(Mode):
     def validate(self, options: BenchOptions) -> None:
         if not options.plan.rates:
             raise UserError("--mode rate needs --rate")
+
+    def schedule_rates(self, plan: LoadPlan) -> list[float]:
+        return list(plan.rates) or [plan.ramp_start, plan.max_rate]
 
     def streams_needed(self, options: BenchOptions) -> tuple[int, str] | None:
         return open_loop_streams(options)

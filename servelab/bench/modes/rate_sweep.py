@@ -13,6 +13,7 @@ from servelab.bench.loads import Target
 from servelab.bench.modes.escalation import Escalation
 from servelab.bench.modes.rate import describe_open_loop, open_loop_streams, rate_level
 from servelab.bench.modes.registry import Mode, mode
+from servelab.bench.plans import LoadPlan
 from servelab.bench.sender import Sender
 from servelab.bench.state import BenchOptions, RunState
 from servelab.errors import UserError
@@ -32,6 +33,9 @@ def ramp(start: float, factor: float, maximum: float) -> Iterator[float]:
 @mode("rate-sweep")
 class RateSweep(Mode):
     description = "open-loop levels at listed rates, or a ramp until throughput stops growing"
+
+    def schedule_rates(self, plan: LoadPlan) -> list[float]:
+        return list(plan.rates) or [plan.ramp_start, plan.max_rate]
 
     def streams_needed(self, options: BenchOptions) -> tuple[int, str] | None:
         return open_loop_streams(options)

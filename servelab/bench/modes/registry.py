@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 from servelab.bench.loads import Target
+from servelab.bench.plans import LoadPlan
 from servelab.bench.sender import Sender
 from servelab.bench.state import BenchOptions, RunState
 from servelab.errors import UserError
@@ -24,6 +25,13 @@ class Mode:
     # What load the mode offers, in a line (the CLI's --mode help says the same).
     description: ClassVar[str] = ""
     warmup_tag: ClassVar[str] = "warmup"  # the tag of its warm-up requests
+    takes_slos: ClassVar[bool] = True  # latency targets (--slo) judge its levels
+
+    def schedule_rates(self, plan: LoadPlan) -> list[float] | None:
+        """The request rates its open-loop schedules may run at, to bound them before they are computed
+        (bench/options.py check_schedule); not None also means `--max-concurrency` caps its requests in flight.
+        None: the mode schedules no requests at a rate."""
+        return None
 
     def validate(self, options: BenchOptions) -> None:
         """Refuse options the mode cannot run with (UserError), before anything is sent."""

@@ -16,6 +16,7 @@ from servelab.records import BenchResult, Figure
 @mode("single")
 class Single(Mode):
     description = "one request at a time"
+    takes_slos = False
     warmup_tag = "single"
 
     def peak_streams(self, options: BenchOptions) -> int:

@@ -12,6 +12,7 @@ from servelab.bench.loads.search import SearchSpace, search_max_load
 from servelab.bench.modes.concurrency import concurrency_level
 from servelab.bench.modes.rate import open_loop_streams, rate_level
 from servelab.bench.modes.registry import Mode, mode
+from servelab.bench.plans import LoadPlan
 from servelab.bench.sender import Sender
 from servelab.bench.slo import describe as describe_slos
 from servelab.bench.state import BenchOptions, RunState
@@ -28,6 +29,14 @@ class SloSearch(Mode):
         if not options.plan.slos:
             raise UserError("--mode slo-search needs latency targets",
                             hint="e.g. --slo ttft_p99_ms=500,itl_p99_ms=50")
+
+    def schedule_rates(self, plan: LoadPlan) -> list[float] | None:
+        if plan.search != "rate":
+            return None
+        if plan.rates:
+            return list(plan.rates)
+        start = plan.search_start or plan.ramp_start
+        return [start / 64, start, plan.max_rate]  # the search may halve down to start / 64
 
     def peak_streams(self, options: BenchOptions) -> int | None:
         if options.plan.search == "concurrency":

@@ -33,6 +33,7 @@ def sweep_concurrencies(opts: BenchOptions) -> Iterator[int]:
 @mode("sweep")
 class Sweep(Mode):
     description = "concurrency 1, 2, 4, … until throughput stops growing"
+    takes_slos = False
 
     def peak_streams(self, options: BenchOptions) -> int:
         return max(options.sweep_levels) if options.sweep_levels else options.max_concurrency
