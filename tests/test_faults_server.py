@@ -11,6 +11,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -39,23 +41,28 @@ def send(url: str, deadlines: Deadlines | None = None):
 
 def run_bench(url: str, out: Path, *more: str, timeout: float = 120, model: str = "m"
               ) -> tuple[subprocess.CompletedProcess, float, float]:
-    """`servelab bench` in a subprocess: its result, wall time and peak RSS in MB (the largest any child reached,
-    from getrusage: an upper bound of its own)."""
+    """`servelab bench` in a subprocess: its result, wall time and peak RSS in MB. The peak is this child's own
+    (os.wait4), not getrusage(RUSAGE_CHILDREN)'s, which is the largest of every child the test session reaped so
+    far: an engine an earlier test started would count."""
     argv = [*SERVELAB, "bench", url, "--model", model, "--tokenizer", "none", "--warmup", "0", "--out", str(out),
             *more]
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out_text, err_text = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out_text, err_text = proc.communicate()
-        raise AssertionError(f"bench ran past {timeout} s: {err_text[-2000:]}") from None
-    wall = time.monotonic() - t0
-    # communicate() reaped it: its peak RSS is in the children's usage, the largest any child reached so far
-    import resource
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return subprocess.CompletedProcess(argv, proc.returncode, out_text, err_text), wall, peak_mb
+    with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
+        proc = subprocess.Popen(argv, stdout=out_file, stderr=err_file, text=True)
+        killer = threading.Timer(timeout, proc.kill)
+        killer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            killer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - t0
+        out_file.seek(0)
+        err_file.seek(0)
+        out_text, err_text = out_file.read(), err_file.read()
+    if wall >= timeout:
+        raise AssertionError(f"bench ran past {timeout} s: {err_text[-2000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out_text, err_text), wall, usage.ru_maxrss / 1024
 
 
 def records(out: Path) -> list:
