@@ -67,7 +67,8 @@ def test_run_compares_two_configurations_on_slo_goodput_and_a_replayed_trace(tmp
         assert key in rows, sorted(rows)
         row = rows[key]
         assert row["figures"][0]["value"] is not None and row["figures"][1]["value"] is not None
-        assert row["figures"][1]["trials"] == 2  # both trials counted, paired by round
+        # both trials counted, paired by round (on a busy machine a trial's search may have found no answer)
+        assert row["figures"][1]["trials"] == 2 or (contended and row["figures"][1]["trials"] == 1)
         ratio = row["ratios"][1]
         assert ratio["verdict"] in VERDICTS, ratio
         if ratio["verdict"] == "too few trials":
