@@ -238,3 +238,19 @@ def test_the_report_charts_an_slo_search_and_shows_its_figures() -> None:
     page = render_report(runs, compare_runs(runs))
     for words in ("highest rate meeting the SLO", "goodput req/s at the SLO search", "replay lag ms", "slo-search"):
         assert words in page
+
+
+def test_a_relative_trace_is_found_from_the_experiment_files_directory(tmp_path: Path, monkeypatch) -> None:
+    from servelab.experiment.load import load_experiment
+
+    (tmp_path / "exp" / "data").mkdir(parents=True)
+    (tmp_path / "exp" / "data" / "trace.jsonl").write_bytes(TRACE.read_bytes())
+    spec = tmp_path / "exp" / "exp.yaml"
+    spec.write_text("name: e\nbench:\n  steps:\n    - {mode: replay, trace: data/trace.jsonl, requests: 4}\n"
+                    "cells:\n  - {name: a, url: 'http://127.0.0.1:9'}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # where servelab runs has no data/trace.jsonl
+    exp = load_experiment(Path("..") / "exp" / "exp.yaml")
+    ((_, replay),) = exp.bench_for(exp.cells[0]).step_options("m")
+    assert Path(replay.workload.path).resolve() == (tmp_path / "exp" / "data" / "trace.jsonl").resolve()

@@ -40,16 +40,19 @@ def load_experiment(path: Path) -> Experiment:
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise UserError(f"{path}:{line}: not UTF-8 text (byte {exc.start}): not an experiment file") from None
-    return parse_experiment(text, str(path))
+    return parse_experiment(text, str(path), base_dir=path.parent)
 
 
-def parse_experiment(text: str, where: str = "<experiment>") -> Experiment:
+def parse_experiment(text: str, where: str = "<experiment>", base_dir: Path | None = None) -> Experiment:
+    """The experiment `text` declares. A relative file it names (a step's `trace` or `dataset`, a multi-turn
+    dataset) is found from `base_dir`, the file's own directory, wherever servelab runs; None: the working
+    directory."""
     data, lines = _compose(text, where)
     if not isinstance(data, dict):
         raise UserError(f"{where}:1: an experiment file is a mapping with `name` and `cells`",
                         hint="see examples/ and docs/compare.md")
     try:
-        return Experiment.model_validate(data)
+        return Experiment.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         errors = exc.errors()
         first = errors[0]

@@ -27,6 +27,17 @@ ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _VALID_STEPS: set[str] = set()  # steps (with the settings they were checked under) already found valid
 
 
+def from_experiment_dir(path: str, info: ValidationInfo) -> str:
+    """A file an experiment names, found from the experiment file's directory when it is relative (as a compose
+    file's paths are), so `servelab run some/dir/exp.yaml` works from anywhere."""
+    from pathlib import Path
+
+    base = (info.context or {}).get("base_dir")
+    if base is None or Path(path).expanduser().is_absolute():
+        return path
+    return str(Path(base) / Path(path).expanduser())
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -44,6 +55,11 @@ class MultiturnSettings(Strict):
     conversations: int | None = Field(None, ge=1)
     dataset: str | None = None
     history: Literal["server", "dataset"] = "server"
+
+    @field_validator("dataset")
+    @classmethod
+    def _from_the_experiments_directory(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else from_experiment_dir(value, info)
 
     def workload(self, output):
         from pathlib import Path
@@ -92,6 +108,14 @@ class BenchStep(BaseModel):
                                  f"`servelab bench`'s options: {', '.join(k for k in STEP_KEYS if k != 'name')}")
         if "trace" in self.options and self.mode != "replay":
             raise ValueError(f"`trace` is the replay's trace file; a {self.mode} step takes `dataset`")
+        return self
+
+    @model_validator(mode="after")
+    def _files_from_the_experiments_directory(self, info: ValidationInfo) -> BenchStep:
+        for key in ("trace", "dataset"):
+            value = (self.model_extra or {}).get(key)
+            if isinstance(value, str):
+                self.model_extra[key] = from_experiment_dir(value, info)
         return self
 
     @property
