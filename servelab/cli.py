@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -315,18 +314,10 @@ def bench_cmd(
     """Benchmark a running server: single stream, closed or open loop, sweeps, SLO search; counted in tokens.
 
     Exit 1 when a level broke the error gate (--max-error-rate)."""
-    from servelab.bench.failures import error_gate
     from servelab.bench.options import BenchArgs, build_options
-    from servelab.bench.runner import bench
-    from servelab.report.progress import PIPE_PROGRESS_S, LevelProgress
-    from servelab.report.terminal import render_headline, render_levels
-    from servelab.store.db import Store, default_store_path
-    from servelab.store.export import export_csv
-    from servelab.store.rundir import RunDir
-    from servelab.store.runs import save_bench
+    from servelab.bench_session import BenchOutput, BenchSession, render_bench
 
-    if csv and out is None:
-        raise UserError("--csv writes next to the run's JSON: give --out DIR too")
+    output = BenchOutput(out=out, store=store, csv=csv, keep_events_text=keep_events_text)
     options = build_options(BenchArgs(
         mode=mode, model=model, requests=requests, duration=duration, max_tokens=max_tokens,
         users=users, turns=turns, think_time=think_time, history=history, conversations=conversations,
@@ -339,85 +330,23 @@ def bench_cmd(
         api_key=api_key, tokenizer=tokenizer, min_requests=min_requests, max_level_duration=max_level_duration,
         max_error_rate=max_error_rate, timeout_connect=timeout_connect, timeout_first_byte=timeout_first_byte,
         timeout_idle=timeout_idle, timeout_total=timeout_total, workers=workers, ray=ray))
-    ui = _out_console(as_json)
-    if out is not None:  # a damaged store stops the run before it measures anything (issue 11 item 12)
-        stored_in = store or default_store_path(out)
-        if stored_in.exists():
-            with Store.open(stored_in) as db:
-                db.check()
-    rundir = RunDir.create(out, "bench", mode, keep_events_text=keep_events_text) if out else None
-    if rundir is not None:
-        rundir.open_records()
-    progress = LevelProgress()
-    with ui.status("benchmarking…") as status, \
-            progress.printing(ui, every_s=None if ui.is_terminal else PIPE_PROGRESS_S, status=status):
-        def on_record(record) -> None:  # records leave memory here: only the run directory keeps them
-            status.update(progress.add(record))
-            if rundir:
-                rundir.append_record(record)
-
-        try:
-            result = bench(url, options, on_record=on_record, on_level=progress.begin,
-                           on_engine=progress.watch_engine)
-        except BaseException:
-            if rundir is not None:
-                rundir.discard_if_empty()  # a set-up error leaves no empty run directory behind
-            raise
+    session = BenchSession.open(output, mode)  # a damaged store stops the run before it measures anything
+    result = session.measure(url, options, _out_console(as_json))
     # The measurement is over: a further Ctrl-C waits until the results are written and printed (issue 27).
     with interrupts.deferred() as held:
-        broken = error_gate(result.levels, options.max_error_rate)
-        stored_in = None
-        not_written: list[str] = []  # a full or read-only disk, a failing store: said after the results, exit 2
-        if rundir:
-            rundir.close()
-            rundir.write_json("summary.json", result)  # first: the run directory never depends on the store
-            if csv:
-                try:
-                    export_csv(rundir.iter_records(), result.levels, rundir.path)
-                except UserError as exc:  # store/files.py: the path and the errno
-                    not_written.append(exc.message)
-            stored_in = store or default_store_path(out)
-            try:
-                with Store.open(stored_in) as db:  # listed by `servelab runs`, read by show, compare, report, export
-                    save_bench(db, result, rundir.iter_records(), rundir.path, rundir.run_id,
-                               status="interrupted" if result.interrupted else "failed" if broken else "complete",
-                               error="; ".join(broken) if broken else None)
-            except (UserError, sqlite3.Error, OSError) as exc:
-                from servelab.store.db import store_write_failure  # a full disk called by its name (issue 27)
-
-                not_written.append(store_write_failure(stored_in, exc))
-                stored_in = None
-            not_written = rundir.write_errors + not_written
+        kept = session.keep(result, options)
         if as_json:
             print(result.model_dump_json(indent=2))
         else:
-            render_levels(console, result)
-            render_headline(console, result.headline)
-            for lv in result.levels:
-                if lv.slo is not None:
-                    verdict = ", ".join(f"{k} {t['observed_ms']:.1f}" if t["observed_ms"] is not None else f"{k} inf"
-                                        for k, t in lv.slo["targets"].items())
-                    judged = lv.slo.get("judged", True)
-                    outcome = "met" if lv.slo["passed"] else "not met" if judged else "not judged"
-                    console.print(f"  {lv.tag}: targets {outcome} ({verdict})"
-                                  + ("" if judged else f": {lv.slo.get('reason')}"), highlight=False)
-            if result.search is not None:
-                s, goodput = result.search, result.headline.get("slo.goodput_req_s")
-                console.print(f"SLO search ({s['targets']}): highest {s['dimension']} that met them: {s.get('best')}"
-                              f", lowest that did not: {s.get('lowest_failing')}"
-                              + (f"; goodput there {goodput.value:.2f} req/s" if goodput and goodput.value else "")
-                              + f" ({s.get('stop_reason')})", highlight=False)
-            if rundir:
-                console.print(f"written to {rundir.path}" + (f"; stored as run {rundir.run_id} in {stored_in}"
-                                                             if stored_in else ""), highlight=False)
-        for line in not_written:
+            render_bench(console, kept)
+        for line in kept.write_errors:  # a full or read-only disk, a failing store: said after the results, exit 2
             err_console.print(f"error: {line}", markup=False, highlight=False)
         if result.interrupted or held:
             raise typer.Exit(interrupts.exit_code())
-        if not_written:
+        if kept.write_errors:
             raise typer.Exit(2)
-        if broken:
-            for reason in broken:
+        if kept.error_gate:
+            for reason in kept.error_gate:
                 err_console.print(f"error gate: {reason}", highlight=False, markup=False)
             raise typer.Exit(1)
 
