@@ -25,7 +25,7 @@ from servelab.bench.client import ClientOptions, StreamClient
 from servelab.bench.levels import INTERRUPTED_LEVEL, interrupted_level
 from servelab.bench.limits import DescriptorShortage, auth_headers, check_descriptors
 from servelab.bench.loads import Recorder, Target, make_spec
-from servelab.bench.modes import Mode, mode_of
+from servelab.bench.modes import Mode, get_mode, mode_of
 from servelab.bench.sender import Sender
 from servelab.bench.server_metrics import MetricsWatcher
 from servelab.bench.state import BenchOptions, BenchStopped, RunState
@@ -71,7 +71,7 @@ class BenchState(RunState):
 def headline(result: BenchResult) -> dict[str, Figure]:
     """The story's numbers of a result, as its mode declares them (single-stream decode tok/s, peak output
     tok/s, an SLO search's answer, …), keyed as baselines name them."""
-    return mode_of(result).headline(result)
+    return get_mode(result.mode).headline(result)
 
 
 async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
