@@ -99,21 +99,21 @@ def bench_args(config: BenchArgs | Mapping[str, Any] | None, options: Mapping[st
     if config is None:
         given: dict[str, Any] = {}
     elif isinstance(config, BenchArgs):
-        given = {f.name: getattr(config, f.name) for f in dataclasses.fields(BenchArgs)}
+        given = {name: getattr(config, name) for name in _option_types()}
     elif isinstance(config, Mapping):
         given = {str(k).replace("-", "_"): v for k, v in config.items()}
     else:
         raise UserError(f"the bench configuration is a BenchArgs or a mapping of options, not "
                         f"{type(config).__name__}")
     given.update(options)
-    fields = {f.name: f for f in dataclasses.fields(BenchArgs)}
+    fields = _option_types()
     for name, value in given.items():
         if name not in fields:
             close = difflib.get_close_matches(name, fields, n=1)
             raise UserError(f"unknown bench option '{name}'",
                             hint=f"did you mean {close[0]}?" if close else "the options are servelab bench's, "
                                                                             "with _ for -")
-        if isinstance(value, bool) and fields[name].type not in (bool, "bool"):
+        if isinstance(value, bool) and fields[name] not in (bool, "bool"):
             raise UserError(f"--{_flag(name)} is not a yes/no option (got {value})")
     given = {name: _as_option_text(name, value) for name, value in given.items()}
     try:
@@ -174,6 +174,13 @@ def _as_option_text(name: str, value: Any) -> Any:
     if name == "slo" and isinstance(value, Mapping):
         return ",".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in value.items())
     return value
+
+
+def _option_types() -> dict[str, Any]:
+    """BenchArgs' fields and their types, whether it is a dataclass or a pydantic model."""
+    if dataclasses.is_dataclass(BenchArgs):
+        return {f.name: f.type for f in dataclasses.fields(BenchArgs)}
+    return {name: f.annotation for name, f in BenchArgs.model_fields.items()}  # type: ignore[attr-defined]
 
 
 def _flag(name: str) -> str:
