@@ -53,7 +53,7 @@ def test_unreachable_url_is_a_one_line_error_within_10s(command: str) -> None:
 
 
 def test_bad_arguments_are_usage_errors() -> None:
-    proc = servelab("bench", "http://127.0.0.1:1", "--mode", "burst")
+    proc = servelab("bench", "http://127.0.0.1:1", "--mode", "no-such-mode")
     assert_one_line_error(proc, "unknown mode")
     proc = servelab("up", "no-such-engine")
     assert_one_line_error(proc, "unknown engine", "llamacpp")
