@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from servelab.compare.metrics import run_reasoning_share
-from servelab.compare.sources import RunData
+from servelab.compare.run_data import RunData
 
 # What describes the server rather than the workload: expected to differ between cells.
 NOT_WORKLOAD = {"engine_detected"}

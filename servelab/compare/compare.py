@@ -16,7 +16,7 @@ from servelab.compare.bootstrap import (CONFIDENCE, RESAMPLES, Interval, Trials,
                                          ratio_interval)
 from servelab.compare.comparability import comparability_warnings
 from servelab.compare.metrics import KEY_METRICS, KeyMetric, run_reasoning_share
-from servelab.compare.sources import RunData
+from servelab.compare.run_data import RunData
 from servelab.errors import UserError
 
 # better / worse: the whole interval on one side of 1 and every trial agreeing; inconsistent: the interval is on

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from servelab.compare.metrics import KEY_METRICS
-from servelab.compare.sources import RunData, literal_run, resolve
+from servelab.compare.run_data import RunData
+from servelab.compare.sources import literal_run, resolve
 from servelab.errors import UserError
 from servelab.store.db import Store
 

@@ -14,7 +14,7 @@ from servelab.bench import metrics as m
 from servelab.bench.steady import is_measured
 from servelab.compare.bootstrap import (BinnedRate, MeanOf, MedianOf, PercentileOf, PooledMedian, Resampler, Trials,
                                          time_bins)
-from servelab.compare.sources import RunData
+from servelab.compare.run_data import RunData
 from servelab.records import Figure, RequestRecord, Step, Summary
 
 

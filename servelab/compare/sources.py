@@ -1,83 +1,25 @@
 """What `compare` and `report` read: a run from the store, a run directory, another tool's result file
 (compare/peers: vllm bench serve, AIPerf, GuideLLM), or literal baseline figures.
 
-All of them become a RunData, so nothing downstream cares where a run came from. A run directory may hold a
-RunSummary (`servelab run`) or a BenchResult (`servelab bench --out`); `cell.json` beside it names the
-experiment cell it measured.
+All of them become a RunData (compare/run_data.py), so nothing downstream cares where a run came from. A run
+directory may hold a RunSummary (`servelab run`) or a BenchResult (`servelab bench --out`); `cell.json` beside it
+names the experiment cell it measured.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from servelab.bench.trials import clean_trials, counted_trials, is_contended, pooled_steps, run_headline
+from servelab.bench.trials import counted_trials, pooled_steps, run_headline
+from servelab.compare.metrics import KEY_METRICS
+from servelab.compare.peers import load_peer
+from servelab.compare.run_data import RunData
 from servelab.errors import UserError
-from servelab.records import (BenchResult, Figure, LaunchResult, LintFinding, Provenance, RequestRecord,
-                              RunSummary, Step, Steps, Trial, VerifyResult)
+from servelab.records import BenchResult, Figure, RequestRecord, RunSummary, Step, Trial
 from servelab.store.db import Store, no_store_error
 from servelab.store.rundir import read_records
 from servelab.store.runs import load_run, resolve_run_id
-
-
-@dataclass
-class RunData(Steps):
-    """One run as compare and report see it. Its `steps` (and `single`, `sweep`) pool the trials that count
-    (bench/trials.py: the quiet ones when there are any), so figures read from them are the run's figures whatever
-    its trials."""
-
-    name: str  # how tables and charts label it: the cell's name, else the run id
-    ref: str  # the run id, the directory, or "literal"
-    status: str = "complete"
-    steps: list[Step] = field(default_factory=list)
-    headline: dict[str, Figure] = field(default_factory=dict)
-    records: list[RequestRecord] = field(default_factory=list)
-    launch: LaunchResult | None = None
-    verify: VerifyResult | None = None
-    provenance: Provenance | None = None
-    error: str | None = None
-    literal: bool = False  # figures typed by hand: no records, no workload, no interval
-    trials: list[Trial] = field(default_factory=list)  # every trial, as run
-    counted: list[int] = field(default_factory=lambda: [0])  # indices of the trials single/sweep pool
-    excluded: list[int] = field(default_factory=list)  # contended trials left out
-    experiment_id: str | None = None  # runs of one experiment ran interleaved: their trials pair by index
-    peer: Any = None  # a PeerInfo (compare/peers) when the run is another tool's result file
-
-    @property
-    def serious(self) -> list[LintFinding]:
-        return [f for f in (self.launch.lint if self.launch else []) if f.severity == "serious"]
-
-    def trial(self, index: int) -> Trial | None:
-        return next((t for t in self.trials if t.index == index), None)
-
-    @property
-    def all_contended(self) -> bool:
-        """Every trial that counts had a contended level: its figures rest on a busy machine."""
-        return bool(self.counted) and all((t := self.trial(i)) is not None and is_contended(t)
-                                          for i in self.counted)
-
-    def round_of(self, index: int) -> int:
-        """The round of the experiment's schedule trial `index` stands for (a rerun of a contended trial stands
-        for the round it replaced): interleaved cells' trials pair by it."""
-        found = self.trial(index)
-        return found.round_index if found is not None else index
-
-    @property
-    def clean_trials(self) -> int | None:
-        """Trials that ran to the end on a quiet machine; None for figures that are not servelab's measurement
-        (literal figures, another tool's file), which are one fixed reference by nature."""
-        if self.literal or self.peer is not None:
-            return None
-        return clean_trials(self.trials) if self.trials else 1
-
-    def records_of(self, tag: str, trial: int | None = None) -> list[RequestRecord]:
-        """The measured, successful requests of one level (the ones its figures are computed from), over the
-        trials that count, or of one trial."""
-        trials = set(self.counted) if trial is None else {trial}
-        return [r for r in self.records if r.tag == tag and not r.warmup and r.ok and r.trial in trials]
-
 
 def from_summary(summary: RunSummary, records: list[RequestRecord], name: str | None, ref: str,
                  experiment_id: str | None = None) -> RunData:
@@ -92,8 +34,6 @@ def from_summary(summary: RunSummary, records: list[RequestRecord], name: str | 
 
 
 def literal_run(name: str, figures: dict[str, float]) -> RunData:
-    from servelab.compare.metrics import KEY_METRICS  # units and definitions of the keys typed
-
     headline = {}
     for key, value in figures.items():
         metric = KEY_METRICS.get(key)
@@ -138,8 +78,6 @@ def resolve(ref: str, store: Store | None, store_path: Path | None = None) -> Ru
     if path.is_dir():
         return load_run_dir(path)
     if path.is_file():  # another tool's result (vllm bench serve, AIPerf, GuideLLM): compare/peers
-        from servelab.compare.peers import load_peer
-
         return load_peer(path)
     if store is not None:
         run_id = resolve_run_id(store, ref)

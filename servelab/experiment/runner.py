@@ -38,7 +38,8 @@ from rich.console import Console
 
 from servelab import SCHEMA_VERSION
 from servelab.compare.compare import Comparison, compare_runs
-from servelab.compare.sources import RunData, from_summary, literal_run
+from servelab.compare.run_data import RunData
+from servelab.compare.sources import from_summary, literal_run
 from servelab.errors import UserError
 from servelab.experiment.contention import ContentionGuard, MachineBusy, needs_rerun
 from servelab.experiment.model import Cell, Experiment

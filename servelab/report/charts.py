@@ -20,7 +20,7 @@ from typing import Any
 
 from servelab.bench import metrics as m
 from servelab.compare.metrics import peak_level, single_level
-from servelab.compare.sources import RunData
+from servelab.compare.run_data import RunData
 from servelab.records import Summary
 
 MAX_POINTS = 5000  # per distribution trace: enough for its shape, small enough for a light report

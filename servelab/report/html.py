@@ -18,7 +18,7 @@ from typing import Any
 import servelab
 from servelab.compare.compare import Comparison
 from servelab.compare.metrics import single_level
-from servelab.compare.sources import RunData
+from servelab.compare.run_data import RunData
 from servelab.errors import UserError
 from servelab.provenance import utc_now_iso
 from servelab.report.charts import all_charts

@@ -6,7 +6,7 @@ import html
 from typing import Any
 
 from servelab.compare.compare import Comparison, fmt_ratio
-from servelab.compare.sources import RunData
+from servelab.compare.run_data import RunData
 from servelab.report.tables import human_bytes
 from servelab.report.terminal import COUNTED_BY_WORDS, figure_label, fmt, sent_cell
 from servelab.textsafe import visible

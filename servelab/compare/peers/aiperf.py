@@ -28,8 +28,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from servelab.compare.peers import (Definition, PeerFileError, PeerFormat, PeerInfo, need, number, numbers,
-                                    read_json)
+from servelab.compare.peers.common import (Definition, PeerFileError, PeerFormat, PeerInfo, need, number,
+                                           numbers, read_json)
 from servelab.compare.peers.build import PeerLevel, PeerRequest, peer_run
 from servelab.records import Distribution
 

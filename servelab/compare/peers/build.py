@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from servelab.compare.peers import PeerInfo
+from servelab.compare.peers.common import PeerInfo
+from servelab.compare.run_data import RunData
 from servelab.records import BenchResult, Distribution, Figure, RequestRecord, Step, Summary, TokenEvent, Trial, Usage
 
 NS_PER_MS = 1_000_000
@@ -140,10 +141,8 @@ def level_summary(level: PeerLevel, info: PeerInfo) -> Summary:
 
 
 def peer_run(name: str, info: PeerInfo, levels: list[PeerLevel], model: str = "", url: str = "",
-             endpoint: str = "/v1/chat/completions"):
+             endpoint: str = "/v1/chat/completions") -> RunData:
     """The RunData of a peer's file: its single-stream level (concurrency 1) as `single`, the others as a sweep."""
-    from servelab.compare.sources import RunData
-
     records: list[RequestRecord] = []
     single_levels: list[Summary] = []
     sweep_levels: list[Summary] = []

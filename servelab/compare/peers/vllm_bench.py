@@ -32,7 +32,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from servelab.compare.peers import Definition, PeerFileError, PeerFormat, PeerInfo, need, number, numbers
+from servelab.compare.peers.common import Definition, PeerFileError, PeerFormat, PeerInfo, need, number, numbers
 from servelab.compare.peers.build import PeerLevel, PeerRequest, peer_run
 
 TOOL = "vllm bench serve"
