@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 
 from servelab import __version__, aio, interrupts
+from servelab.bench.args import BenchArgs
+from servelab.cli_options import options_from
 from servelab.errors import EngineFailed, UserError
 from servelab.report.tables import make_console
 from servelab.textsafe import InertConsole, inert, inert_markup
@@ -194,84 +196,15 @@ def verify_cmd(
         raise typer.Exit(1)
 
 
+StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="The run store (default: OUT/servelab.db, or "
+                                                                 "$SERVELAB_STORE).")]
+OutOpt = Annotated[Path, typer.Option(help="Root directory for run directories.")]
+
+
 @app.command("bench")
+@options_from(BenchArgs, after="url")  # every option of the bench itself: one field of BenchArgs each
 def bench_cmd(
     url: Annotated[str, typer.Argument(help="Base URL of an OpenAI-compatible server.")],
-    mode: Annotated[str, typer.Option(help="single (one request at a time), sweep (concurrency 1, 2, 4, … until "
-                                           "throughput stops growing), concurrency (one closed-loop level), rate "
-                                           "(one open-loop level), rate-sweep, slo-search (the highest load "
-                                           "that meets --slo), multiturn (conversations whose history grows "
-                                           "turn by turn), replay (a trace's arrival times and "
-                                           "lengths) or burst (--requests N sent at once).")] = "single",
-    model: ModelOpt = None,
-    requests: Annotated[Optional[int], typer.Option(help="Measured requests: in single mode (default 8), or per "
-                                                         "level in the other modes.")] = None,
-    max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
-    duration: Annotated[Optional[float], typer.Option(help="Seconds per level (default 10 when --requests is "
-                                                           "not given).")] = None,
-    max_concurrency: Annotated[Optional[int], typer.Option(
-        help="sweep / slo-search --search concurrency: highest concurrency tried (default 64); rate modes: cap "
-             "on requests in flight.")] = None,
-    endpoint: Annotated[Optional[str], typer.Option(help="chat or completions (default chat; replay: "
-                                                         "completions).")] = None,
-    concurrency: Annotated[Optional[int], typer.Option(help="Streams for --mode concurrency (slo-search: the "
-                                                            "first concurrency tried).")] = None,
-    rate: Annotated[Optional[str], typer.Option(help="Requests/s for --mode rate; a list (1,2,4) for "
-                                                     "rate-sweep (default: a ramp 1, 2, 4, …); the first rate "
-                                                     "tried for slo-search.")] = None,
-    arrival: Annotated[Optional[str], typer.Option(help="Open-loop arrivals: poisson, gamma or constant "
-                                                        "(default poisson; gamma when --burstiness is "
-                                                        "given).")] = None,
-    burstiness: Annotated[float, typer.Option(help="Gamma shape: 1 = Poisson, < 1 burstier, > 1 more "
-                                                   "regular.")] = 1.0,
-    warmup: Annotated[Optional[str], typer.Option(
-        help="Warm-up before the first level, excluded from every figure: N requests one at a time (0: none), or "
-             "auto (the default): as many at once as the highest concurrency the run uses (capped by the "
-             "server's slots where it says; open loop: --max-concurrency, else 4), then one alone.")] = None,
-    dataset: Annotated[Optional[Path], typer.Option(help="Prompts from a file: ShareGPT JSON or JSONL "
-                                                         "({\"prompt\"} or {\"messages\"} per line).")] = None,
-    dataset_format: Annotated[Optional[str], typer.Option(help="sharegpt or jsonl (default: from the file "
-                                                               "extension); replay: mooncake, azure or "
-                                                               "burstgpt.")] = None,
-    output_from_dataset: Annotated[bool, typer.Option(help="Output length from the dataset's answers "
-                                                           "(ShareGPT's gpt turn, in tokens).")] = False,
-    input_tokens: Annotated[Optional[str], typer.Option(
-        help="Synthetic prompts of exact length after the chat template: N, uniform:MIN..MAX, "
-             "normal:MEAN,STD[,MIN..MAX] or lognormal:MEAN,STD[,MIN..MAX].")] = None,
-    prefix_groups: Annotated[Optional[int], typer.Option(help="Shared-prefix prompts: number of "
-                                                              "groups.")] = None,
-    prefix_tokens: Annotated[Optional[int], typer.Option(help="Shared-prefix prompts: tokens each group "
-                                                              "shares.")] = None,
-    prefix_group_size: Annotated[int, typer.Option(help="Shared-prefix prompts: consecutive requests per "
-                                                        "group.")] = 8,
-    users: Annotated[Optional[int], typer.Option(help="multiturn, closed loop: simulated users, each walking "
-                                                      "through conversations (default 1).")] = None,
-    turns: Annotated[int, typer.Option(help="multiturn, synthetic conversations: user turns each (each "
-                                            "--input-tokens long, default 64, after a shared system prompt of "
-                                            "--prefix-tokens, default 128).")] = 6,
-    think_time: Annotated[Optional[str], typer.Option(help="multiturn: a user's pause between an answer and "
-                                                           "the next turn, seconds: 2, exp:MEAN or "
-                                                           "uniform:LO..HI (default 0).")] = None,
-    history: Annotated[str, typer.Option(help="multiturn: earlier answers sent back as the server gave them "
-                                              "(server) or as the dataset recorded them (dataset).")] = "server",
-    conversations: Annotated[Optional[int], typer.Option(help="multiturn: conversations per level (default "
-                                                              "one per user; open loop: rate x "
-                                                              "duration).")] = None,
-    time_scale: Annotated[float, typer.Option(help="replay: trace seconds x this = replay seconds (0.1: ten "
-                                                   "times as fast).")] = 1.0,
-    block_tokens: Annotated[Optional[int], typer.Option(help="replay: prompt tokens per Mooncake hash id "
-                                                             "(default 512).")] = None,
-    ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly --max-tokens tokens (where the engine "
-                                                  "accepts ignore_eos).")] = True,
-    min_tokens: Annotated[Optional[int], typer.Option(help="Ask for at least this many output tokens (where "
-                                                           "the engine accepts min_tokens).")] = None,
-    slo: Annotated[Optional[str], typer.Option(help="Latency targets, e.g. ttft_p99_ms=500,itl_p99_ms=50,"
-                                                    "e2e_p99_ms=10000: goodput per level, and what "
-                                                    "slo-search must meet.")] = None,
-    search: Annotated[str, typer.Option(help="slo-search: vary the request rate or the concurrency.")] = "rate",
-    max_rate: Annotated[float, typer.Option(help="Highest rate a ramp or a search tries (req/s).")] = 256.0,
-    max_probes: Annotated[int, typer.Option(help="slo-search: most levels to run.")] = 8,
-    seed: Annotated[int, typer.Option(help="Seed for arrival times, synthetic prompts and lengths.")] = 0,
     out: Annotated[Optional[Path], typer.Option(help="Write summary.json and records.jsonl.gz in a run directory "
                                                      "under this one, and store the run in its servelab.db "
                                                      "(`servelab runs`).")] = None,
@@ -281,56 +214,19 @@ def bench_cmd(
     keep_events_text: Annotated[bool, typer.Option(
         "--keep-events-text", help="With --out: keep each token event's text in records.jsonl.gz, not only "
                                    "each answer's whole text (about 2x the bytes).")] = False,
-    tokenizer: Annotated[str, typer.Option(help="How to count tokens when the server gives no per-chunk counts: "
-                                                "auto (the server's /tokenize when it has one), server, none "
-                                                "(one per chunk, labelled), or a tokenizer.json path.")] = "auto",
-    min_requests: Annotated[Optional[int], typer.Option(
-        help="Steady state: completed requests a level's window must hold for its throughput to be measured "
-             "(default 10); a level runs past --duration until it has them, and lasts 3x their E2E p50.")] = None,
-    max_level_duration: Annotated[Optional[float], typer.Option(
-        help="Steady state: the longest a level may run, seconds (default max(4 x duration, 60)); a level it "
-             "ends is not measured, and its requests still in flight 2 s later are cancelled.")] = None,
-    max_error_rate: Annotated[Optional[float], typer.Option(
-        help="Exit 1 when a level's share of failed requests is above this fraction (default: only when every "
-             "request of a level failed).")] = None,
-    timeout_connect: Annotated[Optional[float], typer.Option(
-        help="Per-request deadline, seconds: connecting (default 10).")] = None,
-    timeout_first_byte: Annotated[Optional[float], typer.Option(
-        help="Per-request deadline, seconds: from sending to the first token (default 120).")] = None,
-    timeout_idle: Annotated[Optional[float], typer.Option(
-        help="Per-request deadline, seconds: after the first token, the longest time without an SSE data event; "
-             "`: ping` comments do not reset it (default 60).")] = None,
-    timeout_total: Annotated[Optional[float], typer.Option(
-        help="Per-request deadline, seconds: the whole request (default 900).")] = None,
-    workers: Annotated[Optional[str], typer.Option(
-        help="Send from this many worker processes (or auto: enough to keep each within what `servelab "
-             "selftest` timed accurately), one coordinator owning the schedule and the figures.")] = None,
-    ray: Annotated[Optional[str], typer.Option(
-        help="Place the --workers as Ray actors on a Ray cluster: auto (the cluster `ray start` made here) or "
-             "its address. Needs `pip install servelab[ray]`.")] = None,
-    api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
+    **bench_options,
 ) -> None:
     """Benchmark a running server: single stream, closed or open loop, sweeps, SLO search; counted in tokens.
 
     Exit 1 when a level broke the error gate (--max-error-rate)."""
-    from servelab.bench.options import BenchArgs, build_options
+    from servelab.bench.options import build_options
     from servelab.bench_session import BenchOutput, BenchSession, render_bench
 
     output = BenchOutput(out=out, store=store, csv=csv, keep_events_text=keep_events_text)
-    options = build_options(BenchArgs(
-        mode=mode, model=model, requests=requests, duration=duration, max_tokens=max_tokens,
-        users=users, turns=turns, think_time=think_time, history=history, conversations=conversations,
-        time_scale=time_scale, block_tokens=block_tokens,
-        max_concurrency=max_concurrency, endpoint=endpoint, concurrency=concurrency, rate=rate, arrival=arrival,
-        burstiness=burstiness, warmup=warmup, dataset=dataset, dataset_format=dataset_format,
-        output_from_dataset=output_from_dataset, input_tokens=input_tokens, prefix_groups=prefix_groups,
-        prefix_tokens=prefix_tokens, prefix_group_size=prefix_group_size, ignore_eos=ignore_eos,
-        min_tokens=min_tokens, slo=slo, search=search, max_rate=max_rate, max_probes=max_probes, seed=seed,
-        api_key=api_key, tokenizer=tokenizer, min_requests=min_requests, max_level_duration=max_level_duration,
-        max_error_rate=max_error_rate, timeout_connect=timeout_connect, timeout_first_byte=timeout_first_byte,
-        timeout_idle=timeout_idle, timeout_total=timeout_total, workers=workers, ray=ray))
-    session = BenchSession.open(output, mode)  # a damaged store stops the run before it measures anything
+    args = BenchArgs(**bench_options)
+    options = build_options(args)
+    session = BenchSession.open(output, args.mode)  # a damaged store stops the run before it measures anything
     result = session.measure(url, options, _out_console(as_json))
     # The measurement is over: a further Ctrl-C waits until the results are written and printed (issue 27).
     with interrupts.deferred() as held:
@@ -349,11 +245,6 @@ def bench_cmd(
             for reason in kept.error_gate:
                 err_console.print(f"error gate: {reason}", highlight=False, markup=False)
             raise typer.Exit(1)
-
-
-StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="The run store (default: OUT/servelab.db, or "
-                                                                 "$SERVELAB_STORE).")]
-OutOpt = Annotated[Path, typer.Option(help="Root directory for run directories.")]
 
 
 @app.command("run")

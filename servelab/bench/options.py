@@ -11,9 +11,9 @@ more than MAX_SCHEDULED requests, so `--duration inf`, `--max-tokens 18446744073
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
+from servelab.bench.args import BenchArgs  # the options' declaration, light enough for the CLI's start
 from servelab.bench.client import Deadlines
 from servelab.bench.loads.arrivals import ARRIVALS
 from servelab.bench.modes import MODES, get_mode
@@ -36,58 +36,6 @@ MAX_SECONDS = 7 * 24 * 3600.0  # a level, a deadline, a schedule: a week at most
 MAX_RATE = 1_000_000.0  # requests/s
 MAX_BURSTINESS = 1000.0  # gamma shape: CV 0.03, already constant for every purpose (use --arrival constant)
 MAX_SCHEDULED = 10_000_000  # requests one open-loop level may schedule (the schedule is computed up front)
-
-
-@dataclass
-class BenchArgs:
-    """The bench command's options as typed (None: not given)."""
-
-    mode: str = "single"
-    model: str | None = None
-    requests: int | None = None
-    duration: float | None = None
-    max_tokens: int = 128
-    max_concurrency: int | None = None
-    endpoint: str | None = "chat"  # None: not given (chat; a trace replay: completions)
-    concurrency: int | None = None
-    rate: str | None = None  # "4" or "1,2,4" (rate-sweep)
-    arrival: str | None = None
-    burstiness: float = 1.0
-    warmup: int | str | None = None  # None or "auto": bench/warmup.py's rule; N: N requests one at a time
-    dataset: Path | None = None
-    dataset_format: str | None = None
-    output_from_dataset: bool = False
-    input_tokens: str | None = None
-    prefix_groups: int | None = None
-    prefix_tokens: int | None = None
-    prefix_group_size: int = 8
-    ignore_eos: bool = True
-    min_tokens: int | None = None
-    slo: str | None = None
-    search: str = "rate"
-    max_rate: float = 256.0
-    max_probes: int = 8
-    seed: int = 0
-    api_key: str | None = None
-    tokenizer: str = "auto"
-    min_requests: int | None = None  # steady state: completed requests a level's window must hold
-    max_level_duration: float | None = None  # steady state: the cap on a level's duration
-    max_error_rate: float | None = None  # the error gate (None: only a level where every request failed)
-    # Per-request deadlines, seconds (None: the defaults of bench/client.py's Deadlines).
-    timeout_connect: float | None = None
-    timeout_first_byte: float | None = None
-    timeout_idle: float | None = None  # since the last SSE data event (comments do not count)
-    timeout_total: float | None = None
-    workers: str | None = None  # "N" or "auto": send from worker processes (bench/workers/)
-    ray: str | None = None  # "auto" or a Ray cluster's address: the workers as Ray actors
-    # Multi-turn conversations and trace replay (bench/modes/multiturn.py, replay.py)
-    users: int | None = None  # multiturn, closed loop: simulated users
-    turns: int = 6  # synthetic conversations: user turns each
-    think_time: str | None = None  # between a user's turns: seconds, exp:MEAN or uniform:LO..HI
-    history: str = "server"  # what earlier answers a turn sends back: the server's, or the dataset's
-    conversations: int | None = None  # conversations per level (default: one per user)
-    time_scale: float = 1.0  # replay: trace seconds x this = replay seconds
-    block_tokens: int | None = None  # replay: tokens per hash id (Mooncake: 512)
 
 
 def build_options(a: BenchArgs) -> BenchOptions:
