@@ -28,7 +28,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -50,8 +50,9 @@ from servelab.store.db import Store
 from servelab.store.experiments import (CellState, cell_states, finish_experiment, latest_experiment,
                                         record_cell, start_experiment)
 from servelab.store.db import os_error_words
-from servelab.store.rundir import ensure_writable, read_records
-from servelab.store.runs import load_run, save_run
+from servelab.store.read import open_cell_dir, open_stored
+from servelab.store.rundir import ensure_writable
+from servelab.store.runs import save_run
 from servelab.textsafe import inert_markup
 
 ResumeMode = Literal["auto", "require", "never"]
@@ -369,25 +370,24 @@ def _plan(experiment: Experiment, cell: Cell, run_id: str, run_dir: Path) -> Cel
 
 
 def _load(store: Store | StoreWrites, run_id: str, out_root: Path | None = None
-          ) -> tuple[RunSummary, list[RequestRecord]]:
+          ) -> tuple[RunSummary, Iterable[RequestRecord]]:
     """A run from the store; from its run directory when the store failed during this experiment (or has no
-    such run), since the directory was written first and is complete."""
+    such run), since the directory was written first and is complete. The records stream either way."""
     if isinstance(store, StoreWrites):
         if not store.failed:
             with contextlib.suppress(sqlite3.Error, UserError):
-                summary, records, _ = load_run(store.store, run_id)
-                return summary, records
+                opened = open_stored(store.store, run_id)
+                return opened.summary, opened.records
         store = None  # type: ignore[assignment]
     if store is not None:
-        summary, records, _ = load_run(store, run_id)
-        return summary, records
+        opened = open_stored(store, run_id)
+        return opened.summary, opened.records
     path = Path(out_root or ".") / run_id
     try:
-        summary = RunSummary.model_validate_json((path / "summary.json").read_text(encoding="utf-8"))
+        opened = open_cell_dir(path)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read run {run_id} from its directory {path}: {exc}") from None
-    records = read_records(path)
-    return summary, records
+    return opened.summary, opened.records
 
 
 def _summaries(store: StoreWrites, result: ExperimentResult, out_root: Path) -> list[RunSummary]:

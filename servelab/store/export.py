@@ -150,7 +150,9 @@ def export_json(records: Iterable[RequestRecord], levels: Sequence[Summary], out
 
 def load_run(run_dir: Path) -> tuple[RecordsFile, list[Summary], list[str]]:
     """(records, levels, notes) of a run directory written by `servelab run` or `servelab bench --out`; the
-    records are read from the file one at a time, each time they are iterated."""
+    records are read from the file one at a time, each time they are iterated. Unlike store/read.open_run_dir it
+    reads a directory with no summary.json (a run killed before writing it) and takes the levels straight from
+    the JSON, so a summary a model no longer validates still exports."""
     if not run_dir.is_dir():
         raise UserError(f"not a run directory: {run_dir}")
     records_path, summary_path = records_file(run_dir), run_dir / "summary.json"
@@ -210,25 +212,17 @@ def export_run(ref: str, fmt: str, to: Path | None, store_path: Path) -> tuple[l
     directory when it still exists, else ./<run id>)."""
     if Path(ref).is_dir():
         return export_run_dir(Path(ref), fmt, to)
-    if not Path(store_path).exists():
-        from servelab.store.db import no_store_error
+    from servelab.store.read import open_run
 
-        raise no_store_error(ref, Path(store_path))
-    from servelab.store.db import Store
-    from servelab.store.runs import load_run, resolve_run_id
-
-    if fmt not in FORMATS:
+    if Path(store_path).exists() and fmt not in FORMATS:  # checked after "no store", before the look-up
         raise UserError(f"unknown export format '{fmt}'", hint=f"use one of {', '.join(FORMATS)}")
-    with Store.open(store_path, readonly=True) as store:
-        run_id = resolve_run_id(store, ref)
-        if run_id is None:
-            raise UserError(f"'{ref}' is neither a run directory nor a run in {store_path}")
-        summary, records, meta = load_run(store, run_id)
+    opened = open_run(ref, store_path=Path(store_path), unknown_hint=None)
+    summary, records, run_id = opened.summary, opened.records, opened.ref
     levels = [lv for trial in summary.trials for lv in trial.levels]
     notes = ["the run was interrupted: its last level is partial"] if summary.status == "interrupted" else []
-    if meta["records_missing"]:
-        notes.append(meta["records_missing"])
-    run_dir = Path(meta["run_dir"]) if meta["run_dir"] else None
+    if opened.records_missing:
+        notes.append(opened.records_missing)
+    run_dir = opened.run_dir
     target = to or (run_dir if run_dir and run_dir.is_dir() else Path(run_id))
     write = _writer(fmt, summary.provenance.model or "")
     return write(records, levels, target), notes
