@@ -67,11 +67,13 @@ class CellPlan:
     stop_when_contended_s: float | None = None
 
 
-def in_series(workload, series: str):
+def in_series(workload, trial: int, step: str):
     """The workload with its prompts numbered for one bench (trial and step) where it numbers them (the default
-    stories): a server that answered trial 1 would otherwise find trial 2's prompts in its prefix cache."""
+    stories): a server that answered trial 1 would otherwise find trial 2's prompts in its prefix cache, and the
+    sweep the single-stream step's. The step's whole name, which is unique within a trial (single and sweep
+    share their first letter)."""
     if dataclasses.is_dataclass(workload) and any(f.name == "series" for f in dataclasses.fields(workload)):
-        return dataclasses.replace(workload, series=series)
+        return dataclasses.replace(workload, series=f"t{trial}-{step}")
     return workload
 
 
@@ -163,7 +165,7 @@ class CellSession:
                 opts = dataclasses.replace(base, model=base.model or self.served_model, trial=index,
                                            engine_pids=[self.engine.pid] if self.engine else [],
                                            stop_when_contended_s=self.plan.stop_when_contended_s,
-                                           workload=in_series(base.workload, f"t{index}{name[0]}"))
+                                           workload=in_series(base.workload, index, name))
                 if base.mode == "sweep" and self._sweep_levels:
                     opts.sweep_levels = list(self._sweep_levels)  # every trial runs the first trial's levels
                 if not many:

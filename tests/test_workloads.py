@@ -273,11 +273,12 @@ def test_each_bench_of_a_cell_sends_prompts_no_earlier_bench_sent() -> None:
     from servelab.bench.workloads.stories import Workload as Stories
     from servelab.pipeline import in_series
 
-    def prompts(series: str) -> set[str]:
-        w = in_series(Stories(), series)
+    def prompts(trial: int, step: str) -> set[str]:
+        w = in_series(Stories(), trial, step)
         return {w.request(i, "m").body["messages"][-1]["content"] for i in range(20)}
 
-    benches = [prompts(f"t{t}{step}") for t in range(3) for step in "sw"]
+    # the default steps, and steps of other modes whose names share a first letter with them
+    benches = [prompts(t, step) for t in range(3) for step in ("single", "sweep", "slo-search")]
     assert all(not (a & b) for i, a in enumerate(benches) for b in benches[i + 1:])
-    assert prompts("t1w") == prompts("t1w")  # the same bench of another cell: the same prompts
-    assert in_series(Stories(), "t0s").describe(True) == Stories().describe(True)  # the workload is the same
+    assert prompts(1, "sweep") == prompts(1, "sweep")  # the same bench of another cell: the same prompts
+    assert in_series(Stories(), 0, "single").describe(True) == Stories().describe(True)  # the workload is the same
