@@ -23,6 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 
 from servelab import interrupts
+from servelab.bench.args import as_command_text
 from servelab.bench.options import BenchArgs, build_options
 from servelab.bench_session import BenchOutput, BenchSession, BenchRun, render_bench
 from servelab.errors import EngineFailed, UserError
@@ -115,7 +116,7 @@ def bench_args(config: BenchArgs | Mapping[str, Any] | None, options: Mapping[st
                                                                             "with _ for -")
         if isinstance(value, bool) and fields[name] not in (bool, "bool"):
             raise UserError(f"--{_flag(name)} is not a yes/no option (got {value})")
-    given = {name: _as_option_text(name, value) for name, value in given.items()}
+    given = as_command_text(given)
     try:
         return TypeAdapter(BenchArgs).validate_python(given)
     except ValidationError as exc:
@@ -165,22 +166,9 @@ def _experiment(experiment: str | Path | Mapping[str, Any] | Experiment | None) 
     raise UserError(f"an experiment is a file's path, a mapping or an Experiment, not {type(experiment).__name__}")
 
 
-def _as_option_text(name: str, value: Any) -> Any:
-    """The Python spellings of options the command takes as text: rate 4 or [1, 2, 4], slo {"ttft_p99_ms": 500}."""
-    if name == "rate" and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value:g}"
-    if name == "rate" and isinstance(value, (list, tuple)):
-        return ",".join(f"{v:g}" if isinstance(v, (int, float)) else str(v) for v in value)
-    if name == "slo" and isinstance(value, Mapping):
-        return ",".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in value.items())
-    return value
-
-
 def _option_types() -> dict[str, Any]:
-    """BenchArgs' fields and their types, whether it is a dataclass or a pydantic model."""
-    if dataclasses.is_dataclass(BenchArgs):
-        return {f.name: f.type for f in dataclasses.fields(BenchArgs)}
-    return {name: f.annotation for name, f in BenchArgs.model_fields.items()}  # type: ignore[attr-defined]
+    """BenchArgs' fields and their types."""
+    return {f.name: f.type for f in dataclasses.fields(BenchArgs)}
 
 
 def _flag(name: str) -> str:

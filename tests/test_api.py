@@ -85,6 +85,9 @@ def test_options_are_checked_for_name_and_type():
 
     args = bench_args({"max-tokens": 8, "rate": [1, 2.5]}, {"slo": {"ttft_p99_ms": 500}})
     assert (args.max_tokens, args.rate, args.slo) == (8, "1,2.5", "ttft_p99_ms=500")
+    # the options the command takes as text, given as numbers, as an experiment step may give them too
+    args = bench_args(None, {"workers": 4, "input_tokens": 64, "think_time": 2, "rate": 4})
+    assert (args.workers, args.input_tokens, args.think_time, args.rate) == ("4", "64", "2", "4")
 
 
 def test_an_unreachable_server_is_a_user_error():

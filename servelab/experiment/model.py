@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator,
                       model_validator)
 
-from servelab.bench.options import BenchArgs
+from servelab.bench.args import BenchArgs
 from servelab.bench.runner import BenchOptions
 from servelab.bench.steady import SteadyRule
 from servelab.bench.workload import Workload
@@ -155,20 +155,12 @@ class BenchStep(BaseModel):
 
         from pydantic import TypeAdapter, ValidationError
 
+        from servelab.bench.args import as_command_text
+
         opts = {k.replace("-", "_"): v for k, v in self.options.items()}
         if "trace" in opts:
             opts["dataset"] = opts.pop("trace")
-        for key in ("rate", "slo"):  # "4", [1, 2, 4] or {ttft_p99_ms: 500}: written as on the command line
-            value = opts.get(key)
-            if isinstance(value, dict):
-                opts[key] = ",".join(f"{k}={v}" for k, v in value.items())
-            elif isinstance(value, list):
-                opts[key] = ",".join(str(v) for v in value)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                opts[key] = str(value)
-        for key in ("input_tokens", "workers", "think_time"):
-            if isinstance(opts.get(key), (int, float)) and not isinstance(opts.get(key), bool):
-                opts[key] = str(opts[key])
+        opts = as_command_text(opts)  # rate 4, [1, 2, 4], slo {ttft_p99_ms: 500}: as on the command line
         if isinstance(opts.get("dataset"), str):
             opts["dataset"] = Path(opts["dataset"])
         defaults: dict[str, Any] = {
