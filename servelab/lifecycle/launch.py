@@ -92,8 +92,7 @@ def prepare_launch(spec: EngineSpec) -> PreparedLaunch:
 
 def start_engine(spec: EngineSpec, log_dir: Path, on_update: Callable[[LaunchStatus], None] | None = None,
                  ready_timeout_s: float = 600.0, stop_grace_s: float = 10.0, stall_action: str = "stop",
-                 sample_every_s: float = SAMPLE_EVERY_S, prepared: PreparedLaunch | None = None,
-                 view: LaunchView | None = None) -> RunningEngine:
+                 sample_every_s: float = SAMPLE_EVERY_S, view: LaunchView | None = None) -> RunningEngine:
     """Start the engine `spec` describes and return once its probe says ready.
 
     Raises UserError before anything starts (unknown engine, engine not installed, port in use, missing model),
@@ -105,10 +104,7 @@ def start_engine(spec: EngineSpec, log_dir: Path, on_update: Callable[[LaunchSta
     """
     if stall_action not in STALL_ACTIONS:
         raise UserError(f"unknown stall action '{stall_action}'", hint="use stop or wait")
-    if prepared is None or prepared.spec is not spec:
-        prepared = prepare_launch(spec)
-    else:
-        ensure_port_free(spec.host, prepared.port)  # still free since it was prepared
+    prepared = prepare_launch(spec)
     if view is None:
         return _start_prepared(prepared, log_dir, on_update, ready_timeout_s, stop_grace_s, stall_action,
                                sample_every_s)
@@ -181,7 +177,7 @@ class _StartupWatch:
         try:
             while True:
                 now = self.clock()
-                self._feed(tailer.read_lines(), now)
+                self.observer.feed(tailer.read_lines(), now)
                 self.tracker.feed_partial(tailer.pending(), now)
                 reading = prober.latest
                 if reading is not None:
@@ -198,7 +194,7 @@ class _StartupWatch:
                         self.on_update(self._status(self.clock(), "ready"))
                     return ready_s, reading
                 if exited:
-                    self._feed(tailer.read_lines() + tailer.flush(), now)
+                    self.observer.feed(tailer.read_lines() + tailer.flush(), now)
                     self.tracker.close(now)
                     raise self._died(now)
                 if now >= self.ready_timeout_s:
@@ -221,9 +217,6 @@ class _StartupWatch:
             tailer.close()
 
     # ---- evidence ----
-    def _feed(self, lines: list[str], now: float) -> None:
-        self.observer.feed(lines, now)
-
     def _sample(self, now: float, probe: str) -> None:
         self.observer.sample(now, probe)
         current = self.tracker.current

@@ -21,6 +21,7 @@ from typing import Any
 from servelab.bench import metrics as m
 from servelab.compare.metrics import peak_level, single_level
 from servelab.compare.run_data import RunData
+from servelab.quantiles import percentile
 from servelab.records import Summary
 
 MAX_POINTS = 5000  # per distribution trace: enough for its shape, small enough for a light report
@@ -209,14 +210,6 @@ def _nice_step(span: float, bins: int) -> float:
     return next(k * power for k in (1, 2, 5, 10) if k * power >= raw)
 
 
-def _percentile(sorted_values: list[float], pct: float) -> float:
-    if not sorted_values:
-        return 0.0
-    k = (len(sorted_values) - 1) * pct / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
-
-
 def itl_distribution(runs: list[RunData]) -> Chart:
     """Every token gap of every single-stream request, one histogram per run on the same bins: the range ends at
     the p99.5 of all runs' gaps together, and the gaps beyond it are counted in the chart's note (with each run's
@@ -232,8 +225,8 @@ def itl_distribution(runs: list[RunData]) -> Chart:
     pooled = sorted(g for _, _, gaps in gaps_by_run for g in gaps)
     if not pooled:
         return {"id": "itl", "data": [], "layout": _layout("Inter-token latency, single-stream", "ITL (ms)", "")}
-    top = _percentile(pooled, ITL_CLIP_PERCENTILE)
-    low = _percentile(pooled, 100 - ITL_CLIP_PERCENTILE)
+    top = percentile(pooled, ITL_CLIP_PERCENTILE)
+    low = percentile(pooled, 100 - ITL_CLIP_PERCENTILE)
     log_bins = low > 0 and top / low > 20
     if log_bins:
         ratio = (top / low) ** (1 / ITL_BINS)
