@@ -121,14 +121,14 @@ _NUMBER_AS_TEXT = ("rate", "input_tokens", "workers", "think_time")
 def as_command_text(options: dict[str, Any]) -> dict[str, Any]:
     """`options` (named as BenchArgs' fields) with the values an experiment file or a Python call writes as numbers,
     lists or mappings spelt as the command line takes them: rate 4 or [1, 2, 4] -> "4" / "1,2,4", slo {ttft_p99_ms:
-    500} -> "ttft_p99_ms=500", input_tokens / workers / think_time 64 -> "64". Anything else is left as it is."""
+    500} or a list of targets -> "ttft_p99_ms=500", input_tokens / workers / think_time 64 -> "64". Anything else is left as it is."""
     out = dict(options)
     for key, value in options.items():
         if isinstance(value, bool):
             continue
         if key == "slo" and isinstance(value, Mapping):
             out[key] = ",".join(f"{k}={v}" for k, v in value.items())
-        elif key == "rate" and isinstance(value, (list, tuple)):
+        elif key in ("rate", "slo") and isinstance(value, (list, tuple)):
             out[key] = ",".join(str(v) for v in value)
         elif key in _NUMBER_AS_TEXT and isinstance(value, (int, float)):
             out[key] = str(value)
