@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +33,20 @@ from servelab.store.migrations import LATEST, MIGRATIONS
 DEFAULT_NAME = "servelab.db"
 RECORDS_COMPRESSED = 5  # the schema version from which records are no longer kept uncompressed
 BUSY_TIMEOUT_MS = 30_000  # a run's whole write takes well under a second; 30 s covers a queue of writers
+
+
+def _use_wal(db: sqlite3.Connection) -> None:
+    """Switch the store to WAL. Two processes creating the same store at once can both ask; SQLite answers the
+    loser "database is locked" at once, without waiting on its busy timeout, so wait here as the timeout would."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
 
 
 def default_store_path(out_root: Path) -> Path:
@@ -109,7 +124,7 @@ class Store:
             db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
             db.row_factory = sqlite3.Row
             db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            db.execute("PRAGMA journal_mode = WAL")
+            _use_wal(db)
             db.execute("PRAGMA synchronous = NORMAL")
             db.execute("PRAGMA foreign_keys = ON")
         except sqlite3.DatabaseError as exc:
