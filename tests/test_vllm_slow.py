@@ -112,10 +112,13 @@ def test_both_benches_count_every_token_by_the_server_and_compare_cell_by_cell(e
             assert r.count_method == "server_per_chunk", (cell.name, r.index, r.count_method)
             assert r.usage is not None and r.usage.completion_tokens == r.output_tokens == MAX_TOKENS, \
                 (cell.name, r.index, r.usage, r.output_tokens)
-        # A request's prompt is a function of its index: the same index, the same prompt in every trial.
-        by_index: dict[int, set[int]] = {}
+        # A request's prompt is a function of its step and index: the single-stream step and the sweep number
+        # their prompts apart (neither finds the other's in the prefix cache); within a step, the same index has
+        # a prompt of the same length in every trial and every level.
+        by_index: dict[tuple[str, int], set[int]] = {}
         for r in records:
-            by_index.setdefault(r.index, set()).add(r.usage.prompt_tokens)
+            step = "single" if r.tag == "single" else "sweep"
+            by_index.setdefault((step, r.index), set()).add(r.usage.prompt_tokens)
         prompts[cell.name] = by_index
     # The same prompts, templated alike: both servers counted the same prompt tokens request by request.
     shared = prompts["vllm"].keys() & prompts["llama.cpp"].keys()
