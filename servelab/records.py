@@ -247,6 +247,81 @@ class EnvironmentSummary(BaseModel):
     note: str | None = None  # a limit of the readings, e.g. the engine runs here but its process was not visible
 
 
+# --------------------------------------------------------------------------------------------------------------
+# What the GPUs did (host/gpu_telemetry/; docs/metrics.md#gpu)
+# --------------------------------------------------------------------------------------------------------------
+
+class GpuReading(BaseModel):
+    """One device at one instant, from one telemetry source. Every reading is optional: None when the source
+    cannot give it (no energy counter on an older GPU, DCGM without profiling fields), never 0. Counters
+    (`energy_mj`, `throttle_ns`, `xid_errors`) are cumulative as the source keeps them; figures take deltas."""
+
+    model_config = ConfigDict(frozen=True)
+
+    t_ns: int  # time.perf_counter_ns() when read, as every time inside a run
+    gpu: int  # device index as the source numbers them
+    uuid: str | None = None
+    name: str | None = None
+    sm_active_pct: float | None = None  # GPM SM activity where supported, else NVML/DCGM GPU utilisation
+    sm_source: Literal["gpm", "utilization", "dcgm_prof", "dcgm_util", "amdsmi"] | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    power_w: float | None = None  # instantaneous board power
+    energy_mj: float | None = None  # total-energy counter since driver load (mJ), cumulative
+    temp_c: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    throttle_reasons: int | None = None  # NVML clocks-event reasons bitmask (idle and app-clock bits included)
+    throttle_ns: int | None = None  # cumulative power/thermal violation time (DCGM *_VIOLATION, NVML), ns
+    xid_errors: int | None = None  # XID events seen so far (cumulative count), or the last XID code for DCGM
+    pcie_tx_bytes_s: float | None = None
+    pcie_rx_bytes_s: float | None = None
+    nvlink_tx_bytes_s: float | None = None
+    nvlink_rx_bytes_s: float | None = None
+    processes: tuple[int, ...] = ()  # pids holding the device (NVML running compute + graphics processes)
+
+
+class GpuDeviceSummary(BaseModel):
+    """One GPU over one level's steady-state window (docs/metrics.md#gpu)."""
+
+    gpu: int
+    uuid: str | None = None
+    name: str | None = None
+    samples: int = 0
+    energy_j: float | None = None  # delta of the energy counter over the window (a reset or wrap handled: notes)
+    power_w_mean: float | None = None  # energy ÷ window where the counter exists, else the mean of readings
+    power_w_max: float | None = None
+    sm_active_pct_mean: float | None = None
+    mem_used_bytes_mean: float | None = None
+    mem_used_bytes_max: int | None = None
+    idle_share: float | None = None  # share of the window's readings with SM activity under the idle threshold
+    throttle_s: float | None = None  # power/thermal throttle time in the window
+    temp_c_max: float | None = None
+    xid_errors: int | None = None  # new XID events during the window
+    other_pids: list[int] = Field(default_factory=list)  # processes outside the engine's tree holding this GPU
+
+
+class GpuSummary(BaseModel):
+    """What the GPUs did during one level: per device and summed, with the figures per token. When `measured`
+    is false, `reason` says why in one line (e.g. "no GPU telemetry source") and nothing else is filled in."""
+
+    measured: bool = False
+    reason: str | None = None
+    source: str | None = None  # "nvml", "dcgm http://127.0.0.1:9400/metrics", "amdsmi"
+    interval_s: float | None = None
+    window_s: float | None = None
+    gpus: list[GpuDeviceSummary] = Field(default_factory=list)
+    energy_j: float | None = None  # summed over the GPUs
+    power_w_mean: float | None = None  # summed over the GPUs
+    power_w_max: float | None = None  # the largest summed reading
+    j_per_output_token: float | None = None
+    j_per_answer_token: float | None = None  # where reasoning tokens were counted apart
+    output_tokens_per_j: float | None = None
+    contended: bool = False  # another process held an engine GPU, or a GPU throttled for power or heat
+    reasons: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)  # limits: a counter reset, a field the source lacks
+
+
 class SteadyState(BaseModel):
     """Whether a level ran long enough for its aggregate figures to mean something (docs/metrics.md#steady-state).
     When `measured` is false the level's throughput figures have no value and `reason` says why."""
@@ -325,6 +400,8 @@ class Summary(BaseModel):
     trial: int = 0  # the trial of its cell this level ran in (docs/metrics.md#trials)
     # Multi-turn levels (issue 16): figures per turn index, in turn order; empty for single-turn workloads.
     turns: list[TurnFigures] = Field(default_factory=list)
+    # What the GPUs did during the level (None: files written before it existed).
+    gpu: GpuSummary | None = None
 
 
 class WorkerProvenance(BaseModel):
@@ -607,6 +684,57 @@ class EvidenceSample(BaseModel):
     gpu_util_percent: float | None = None  # busiest visible GPU
 
 
+# --------------------------------------------------------------------------------------------------------------
+# What every engine process is doing: stacks, read and named (lifecycle/stacks/; docs/engines.md#stacks)
+# --------------------------------------------------------------------------------------------------------------
+
+class StackFrame(BaseModel):
+    function: str
+    module: str | None = None  # the file as py-spy shortens it (package-relative), or the native library
+    line: int | None = None
+    native: bool = False
+
+
+class ThreadStack(BaseModel):
+    tid: int
+    name: str | None = None
+    active: bool | None = None  # py-spy's reading: on CPU (or in a GIL-holding call) when sampled
+    frames: list[StackFrame] = Field(default_factory=list)  # innermost first
+    activity: str | None = None  # the named activity its frames match, e.g. "NCCL all_reduce"
+
+
+class ProcessStacks(BaseModel):
+    """One process of the engine's tree across the samples taken."""
+
+    pid: int
+    role: str | None = None  # e.g. "TP3 scheduler", "detokenizer", "HTTP server", from its title or frames
+    command: str | None = None  # its command line, redacted
+    activity: str = "unknown"  # the process's named activity (its most telling thread's)
+    detail: str | None = None  # what in it, e.g. the function ("all_reduce") and library ("NCCL")
+    kind: Literal["loading", "idle", "busy", "waiting", "collective", "unknown"] = "unknown"
+    moving: bool | None = None  # the stacks changed between samples; None with one sample
+    unchanged_s: float | None = None  # how long the telling stack stayed the same across the samples
+    samples: int = 0
+    threads: list[ThreadStack] = Field(default_factory=list)  # the last sample's threads
+    error: str | None = None  # why this process's stacks could not be read
+    line: str = ""  # one readable line, e.g. "TP3 scheduler: in all_reduce (NCCL) for 300 s, stack unchanged"
+
+
+class StackReport(BaseModel):
+    """The stacks of an engine's process tree, read several times, named, and summed up in one line."""
+
+    tool: str | None = None  # e.g. "py-spy 0.4.3"
+    samples: int = 0
+    interval_s: float | None = None
+    processes: list[ProcessStacks] = Field(default_factory=list)
+    # loading / idle / busy: what the tree is doing; deadlock: ranks disagree on a collective or all wait on
+    # each other with unchanged stacks; stuck: unchanged and not idle; unknown: could not tell
+    verdict: Literal["loading", "idle", "busy", "deadlock", "stuck", "unknown"] = "unknown"
+    summary: str = ""  # e.g. "8 of 8 ranks loading weights (safetensors), stacks moving: loading, not hung"
+    unavailable: str | None = None  # why there are no stacks at all, and how to allow them, in one line
+    raw: str | None = None  # the dumps as text (inert, redacted), for --stacks
+
+
 class Diagnosis(BaseModel):
     """`servelab doctor`: one verdict about a server servelab did not start, with what it rests on."""
 
@@ -619,5 +747,6 @@ class Diagnosis(BaseModel):
     phases: list[Phase] = Field(default_factory=list)
     samples: list[EvidenceSample] = Field(default_factory=list)
     lint: list[LintFinding] = Field(default_factory=list)
-    stacks: str | None = None  # py-spy dump output, with --stacks
+    stacks: str | None = None  # the raw dumps (StackReport.raw), with --stacks
+    stack_report: StackReport | None = None  # the stacks read and named (none with --no-stacks)
     notes: list[str] = Field(default_factory=list)
