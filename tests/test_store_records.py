@@ -110,3 +110,22 @@ def test_a_version_4_store_keeps_its_records_compressed(tmp_path: Path) -> None:
         assert store.version() == LATEST
         assert _same(load_run(store, "old")[1], records)
         assert "records_v4" not in {r[0] for r in store.db.execute("SELECT name FROM sqlite_master")}
+
+
+def test_a_line_of_the_records_file_that_does_not_parse_never_repeats_a_record(tmp_path: Path) -> None:
+    """The store counts the file's lines (what a save read); a line that does not parse counts there too, so
+    reading back takes exactly those lines and then the chunks, each record once."""
+    import gzip
+
+    from servelab.store.stored_records import StoredRecords, encode_chunks
+
+    _, records = synthetic_run("exp/torn")
+    r0, r1, r2 = records[:3]
+    file = tmp_path / "records.jsonl.gz"
+    with gzip.open(file, "wb") as fh:
+        for line in (r0.model_dump_json(), '{"not a record', r1.model_dump_json(), r2.model_dump_json()):
+            fh.write(line.encode() + b"\n")
+    # Saved when the file held three lines (r0, the bad one, r1); r2 went to the chunks.
+    chunks = list(encode_chunks([r2.model_dump_json().encode()]))
+    back = StoredRecords(file, 3, chunks)
+    assert [r.model_dump_json() for r in back] == [r.model_dump_json() for r in (r0, r1, r2)]

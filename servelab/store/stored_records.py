@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from servelab.records import RequestRecord
-from servelab.store.rundir import RunDirRecords, iter_records, unwritten_lines
+from servelab.store.rundir import RunDirRecords, iter_record_lines, unwritten_lines
 
 CHUNK_RECORDS = 256  # a few hundred kB of JSON: well compressed, and decoded one chunk at a time
 CHUNK_BYTES = 1 << 20
@@ -124,14 +124,21 @@ class StoredRecords(Iterable[RequestRecord]):
         return self.in_file + sum(count for count, _ in self.chunks)
 
     def __iter__(self) -> Iterator[RequestRecord]:
+        # `in_file` counts the file's lines as the save read them (RunDirRecords.lines): take that many lines,
+        # then parse. Counting parsed records instead would run past a line that does not parse and yield again
+        # the first record the chunks hold.
         if self.in_file and self.missing is None:
-            yield from itertools.islice(iter_records(self.file), self.in_file)
+            yield from _parsed(itertools.islice(iter_record_lines(self.file), self.in_file))
         for _, data in self.chunks:
-            for line in decode_chunk(data):
-                try:
-                    yield RequestRecord.model_validate_json(line)
-                except ValueError:
-                    continue
+            yield from _parsed(decode_chunk(data))
+
+
+def _parsed(lines: Iterable[bytes]) -> Iterator[RequestRecord]:
+    for line in lines:
+        try:
+            yield RequestRecord.model_validate_json(line)
+        except ValueError:
+            continue
 
 
 def load_records(db: sqlite3.Connection, store_path: Path, run_id: str) -> StoredRecords:
