@@ -287,11 +287,16 @@ class GpuDeviceSummary(BaseModel):
     gpu: int
     uuid: str | None = None
     name: str | None = None
-    samples: int = 0
+    engine: bool = True  # one of the engine's GPUs: counted in the summed figures (docs/metrics.md#gpu-engine)
+    samples: int = 0  # readings inside the window
+    sm_samples: int = 0  # of them, those with SM activity (what the mean and the idle share are over)
+    mem_samples: int = 0  # of them, those with memory used
     energy_j: float | None = None  # delta of the energy counter over the window (a reset or wrap handled: notes)
-    power_w_mean: float | None = None  # energy ÷ window where the counter exists, else the mean of readings
+    energy_from: Literal["counter", "power"] | None = None  # the energy counter, or power readings (trapezoid)
+    power_w_mean: float | None = None  # energy ÷ window, however the energy was measured
     power_w_max: float | None = None
     sm_active_pct_mean: float | None = None
+    sm_source: str | None = None  # the readings' sm_source ("gpm", "utilization", …)
     mem_used_bytes_mean: float | None = None
     mem_used_bytes_max: int | None = None
     idle_share: float | None = None  # share of the window's readings with SM activity under the idle threshold
@@ -303,7 +308,8 @@ class GpuDeviceSummary(BaseModel):
 
 class GpuSummary(BaseModel):
     """What the GPUs did during one level: per device and summed, with the figures per token. When `measured`
-    is false, `reason` says why in one line (e.g. "no GPU telemetry source") and nothing else is filled in."""
+    is false, `reason` says why in one line (e.g. "no GPU telemetry source") and nothing else is filled in.
+    The summed figures are over the engine's GPUs (`gpus[].engine`)."""
 
     measured: bool = False
     reason: str | None = None
@@ -311,13 +317,17 @@ class GpuSummary(BaseModel):
     interval_s: float | None = None
     window_s: float | None = None
     gpus: list[GpuDeviceSummary] = Field(default_factory=list)
+    output_tokens: int | None = None  # the tokens output tok/s counts in the window (what J/token divides by)
+    answer_tokens: int | None = None  # the answer tokens among them, where reasoning was counted apart
     energy_j: float | None = None  # summed over the GPUs
     power_w_mean: float | None = None  # summed over the GPUs
     power_w_max: float | None = None  # the largest summed reading
+    sm_active_pct_mean: float | None = None  # mean over the GPUs of their means
+    idle_share: float | None = None  # over every reading of the GPUs
     j_per_output_token: float | None = None
     j_per_answer_token: float | None = None  # where reasoning tokens were counted apart
     output_tokens_per_j: float | None = None
-    contended: bool = False  # another process held an engine GPU, or a GPU throttled for power or heat
+    contended: bool = False  # another process held an engine GPU, a GPU throttled for power or heat, an XID error
     reasons: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)  # limits: a counter reset, a field the source lacks
 
