@@ -273,8 +273,10 @@ class GpuReading(BaseModel):
     mem_clock_mhz: float | None = None
     throttle_reasons: int | None = None  # NVML clocks-event reasons bitmask (idle and app-clock bits included)
     throttle_ns: int | None = None  # cumulative power/thermal violation time (DCGM *_VIOLATION, NVML), ns
-    xid_errors: int | None = None  # XID events seen so far (cumulative count), or the last XID code for DCGM
-    pcie_tx_bytes_s: float | None = None
+    xid_errors: int | None = None  # XID events seen since the source opened (cumulative count; NVML events)
+    xid_last: int | None = None  # the last XID code seen (DCGM_FI_DEV_XID_ERRORS gives only this), 0 or None: none
+    retired_pages: int | None = None  # pages retired for single + double bit ECC errors (cumulative)
+    pcie_tx_bytes_s: float | None = None  # throughput over the last sample period, bytes/s
     pcie_rx_bytes_s: float | None = None
     nvlink_tx_bytes_s: float | None = None
     nvlink_rx_bytes_s: float | None = None
