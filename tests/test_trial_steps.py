@@ -116,6 +116,9 @@ def test_steps_take_servelab_bench_options_and_the_experiments_shared_settings()
      ["steps 1 and 2", "r<rate>"]),
     ("    - sweep\n    - {mode: slo-search, slo: 'ttft_p99_ms=500', search: concurrency}", ["c<concurrency>"]),
     ("    - {mode: rate, rate: 2}\n    - {mode: rate, rate: 4, name: rate}", ["both named 'rate'"]),
+    # the mode's own refusals, checked with the file too, not when a cell's bench starts
+    ("    - {mode: rate}", ["step 1 (rate)", "--mode rate needs one --rate"]),
+    ("    - {mode: burst}", ["step 1 (burst)", "--mode burst needs --requests"]),
 ])
 def test_a_bad_step_is_an_error_of_the_file_before_anything_runs(steps: str, words: list[str]) -> None:
     with pytest.raises(UserError) as err:

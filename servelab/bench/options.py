@@ -78,13 +78,17 @@ def build_options(a: BenchArgs) -> BenchOptions:
     plan = build_plan(a, slos)
     level_duration_s = a.duration or DEFAULT_LEVEL_DURATION_S
     check_schedule(a.mode, plan, rule, level_duration_s)
-    return BenchOptions(mode=a.mode, model=a.model, workload=build_workload(a),
+    options = BenchOptions(mode=a.mode, model=a.model, workload=build_workload(a),
                         single_requests=a.requests or DEFAULT_SINGLE_REQUESTS, warmup=warmup,
                         level_duration_s=level_duration_s,
                         max_concurrency=a.max_concurrency or DEFAULT_SWEEP_MAX_CONCURRENCY, api_key=a.api_key,
                         plan=plan, tokenizer=a.tokenizer, steady=rule,
                         max_error_rate=a.max_error_rate, deadlines=build_deadlines(a),
                         workers=parse_workers(a.workers), ray=check_ray(a.ray, a.workers))
+    # The mode's own refusals here too, not only when the bench starts: an experiment checks its steps' options
+    # through this function before any cell launches an engine.
+    get_mode(a.mode).validate(options)
+    return options
 
 
 def parse_warmup(value: int | str | None) -> int | None:
