@@ -71,3 +71,13 @@ def test_docs_cli_md_is_up_to_date():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "cli_docs.py"), "--check"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_mode_help_names_every_registered_mode_with_its_description():
+    """The help is written out (args.py must not import the whole bench to build it); a mode added to the
+    registry without its line there fails here."""
+    from servelab.bench.modes import MODES
+
+    help_text = " ".join(bench_params()["mode"].help.split())
+    for name, mode in MODES.items():
+        assert f"{name} ({mode.description})" in help_text, name

@@ -23,7 +23,7 @@ class BenchArgs:
 
     mode: str = option("single", "single (one request at a time), sweep (concurrency 1, 2, 4, … until throughput "
                                  "stops growing), concurrency (one closed-loop level), rate (one open-loop level), "
-                                 "rate-sweep, slo-search (the highest load that meets --slo), multiturn "
+                                 "rate-sweep (open-loop levels at listed rates, or a ramp until throughput stops growing), slo-search (the highest load that meets --slo), multiturn "
                                  "(conversations whose history grows turn by turn), replay (a trace's arrival times "
                                  "and lengths) or burst (--requests N sent at once).")
     model: str | None = option(None, "Model id to request (default: the first one the server lists).",
