@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
+from servelab.engines.stack_signature import StackSignature
 from servelab.protocol.tokenize import TokenizeAPI
 from servelab.records import LintFinding
 
@@ -129,6 +130,9 @@ class EngineAdapter:
     counts_prompts_by_usage: ClassVar[bool] = True
     # Whose reasoning-parser flags the engine takes; None: none servelab knows how to advise on.
     reasoning_kind: ClassVar[ReasoningKind | None] = None
+    # What the engine's own threads look like when idle, loading, running a batch (read from its source, with the
+    # version): lifecycle/stacks/ names each process of a running engine by them before the generic signatures.
+    stack_signatures: ClassVar[tuple[StackSignature, ...]] = ()
 
     # ---- launching ----
     def launch(self, spec: EngineSpec, port: int) -> Launch:

@@ -1,0 +1,145 @@
+"""Naming what a thread and a process are doing from their frames, and which role a process plays.
+
+A thread: the engine's signatures are tried first, then the generic ones (signatures.py), each in its list's
+order; the first signature that matches one of the thread's frames names it, from its innermost matching frame.
+One exception: an engine's "busy" activity (running a batch) that holds a collective further in is named by the
+collective, because a forward pass blocked in an all-reduce is what a deadlock looks like from the host. A thread
+nothing matches is "running {function}" (busy) when py-spy saw it on CPU, else "waiting in {function}".
+
+A process: its most telling thread, the one matched by an engine signature first, then by kind (a collective,
+loading, busy, idle, waiting). Its role comes from the process title engines set (SGLang `sglang::scheduler_TP3`,
+`sglang::detokenizer`; vLLM `VLLM::EngineCore`, `VLLM::Worker_TP1`), else from its frames (an HTTP server).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from servelab.lifecycle.stacks.signatures import GENERIC_SIGNATURES, StackSignature
+from servelab.records import ThreadStack
+
+# How telling a kind is when choosing a process's thread: a collective or a load says more than an idle loop.
+KIND_RANK = {"collective": 5, "loading": 4, "busy": 3, "idle": 2, "waiting": 1, "unknown": 0}
+
+
+@dataclass(frozen=True)
+class ThreadActivity:
+    activity: str
+    kind: str
+    detail: str | None = None
+    engine: bool = False  # named by an engine signature
+    frame_index: int | None = None  # the frame that named it (innermost first), for "did it move"
+
+    @property
+    def phrase(self) -> str:
+        return self.activity + (f" ({self.detail})" if self.detail else "")
+
+
+def classify_thread(thread: ThreadStack, engine_signatures: Sequence[StackSignature] = ()) -> ThreadActivity:
+    engine = _first_match(thread, engine_signatures, engine=True)
+    generic = _first_match(thread, GENERIC_SIGNATURES, engine=False)
+    if engine is not None:
+        if (engine.kind == "busy" and generic is not None and generic.kind == "collective"
+                and generic.frame_index is not None and engine.frame_index is not None
+                and generic.frame_index < engine.frame_index):
+            return ThreadActivity(generic.activity, "collective", _with_library(thread, generic.detail),
+                                  engine=True, frame_index=generic.frame_index)
+        return engine
+    if generic is not None:
+        if generic.kind == "collective":
+            return ThreadActivity(generic.activity, generic.kind, _with_library(thread, generic.detail),
+                                  frame_index=generic.frame_index)
+        return generic
+    python = [i for i, f in enumerate(thread.frames) if not f.native]
+    if not thread.frames:
+        return ThreadActivity("no frames", "unknown")
+    index = python[0] if python else 0
+    function = thread.frames[index].function
+    if thread.active:
+        return ThreadActivity(f"running {function}", "busy", frame_index=index)
+    return ThreadActivity(f"waiting in {function}", "waiting", frame_index=index)
+
+
+def _first_match(thread: ThreadStack, signatures: Sequence[StackSignature], *, engine: bool
+                 ) -> ThreadActivity | None:
+    modules = [f.module for f in thread.frames]
+    for signature in signatures:
+        for index, frame in enumerate(thread.frames):
+            if signature.matches(frame.function, frame.module, frame.native) and signature.within_matches(
+                    modules[:index] + modules[index + 1:]):
+                activity, detail = signature.named(frame.function)
+                return ThreadActivity(activity, signature.kind, detail, engine=engine, frame_index=index)
+    return None
+
+
+def _with_library(thread: ThreadStack, detail: str | None) -> str | None:
+    """A collective's detail with the library its native frames show (NCCL, Gloo), where they show one."""
+    text = " ".join(f"{f.function} {f.module or ''}" for f in thread.frames if f.native).lower()
+    library = "NCCL" if "nccl" in text else "Gloo" if "gloo" in text else None
+    if library is None:
+        return detail
+    return f"{detail}, {library}" if detail else library
+
+
+def telling_thread(threads: Sequence[ThreadStack], engine_signatures: Sequence[StackSignature] = ()
+                   ) -> tuple[ThreadStack | None, ThreadActivity]:
+    """The process's most telling thread and what it does."""
+    best: tuple[tuple[int, int, int], ThreadStack | None, ThreadActivity] = (
+        (-1, -1, -1), None, ThreadActivity("no threads", "unknown"))
+    for thread in threads:
+        activity = classify_thread(thread, engine_signatures)
+        score = (int(activity.engine), KIND_RANK.get(activity.kind, 0), int(bool(thread.active)))
+        if score > best[0]:
+            best = (score, thread, activity)
+    return best[1], best[2]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Roles from process titles
+# --------------------------------------------------------------------------------------------------------------
+
+# SGLang 0.5: setproctitle(f"sglang::scheduler{prefix.replace(' ', '_')}") with prefix " DP1 TP3" / " PP0 TP3" /
+# " TP3 EP3"; "sglang::detokenizer"; the launcher (tokenizer manager and HTTP server) keeps its command line.
+_SGLANG_SCHEDULER = re.compile(r"sglang::scheduler((?:_[A-Z]+\d+)*)")
+# vLLM 0.32 (vllm/utils/system_utils.py set_process_title): "VLLM::EngineCore", "VLLM::EngineCore_DP0",
+# "VLLM::Worker_TP1", "VLLM::Worker_PP0_TP1", "VLLM::APIServer".
+_VLLM_TITLE = re.compile(r"VLLM::(\w+?)(?:_((?:[A-Z]+\d+_?)+))?(?:\s|$)")
+_RANK = re.compile(r"TP(\d+)")
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str | None
+    rank: int | None = None  # the tensor-parallel rank, where the title names one
+
+
+def role_of(command: Sequence[str], threads: Sequence[ThreadStack] = ()) -> Role:
+    title = " ".join(command).strip()
+    scheduler = _SGLANG_SCHEDULER.search(title)
+    if scheduler:
+        parts = [p for p in scheduler.group(1).split("_") if p]
+        rank = _rank(parts)
+        return Role(" ".join([*parts, "scheduler"]) if parts else "scheduler", rank)
+    if "sglang::detokenizer" in title:
+        return Role("detokenizer")
+    if "sglang::" in title:
+        return Role(title.split("sglang::", 1)[1].split()[0].replace("_", " "))
+    vllm = _VLLM_TITLE.search(title)
+    if vllm:
+        name = {"EngineCore": "engine core", "Worker": "worker", "APIServer": "API server"}.get(
+            vllm.group(1), vllm.group(1))
+        parts = [p for p in (vllm.group(2) or "").split("_") if p]
+        return Role(" ".join([*parts, name]) if parts else name, _rank(parts))
+    if any(f.module and re.search(r"(^|/)(uvicorn|aiohttp)/", f.module) for t in threads for f in t.frames):
+        return Role("HTTP server")
+    return Role(None)
+
+
+def _rank(parts: Sequence[str]) -> int | None:
+    for part in parts:
+        match = _RANK.fullmatch(part)
+        if match:
+            return int(match.group(1))
+    return None

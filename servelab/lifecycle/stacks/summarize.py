@@ -1,0 +1,234 @@
+"""From the dumps of a process tree to a StackReport: each process's activity, whether its stack moved, one line
+per process, and the tree's verdict in one summary line.
+
+A process's stack "moved" when its telling thread's frames (function, file and line, innermost first) differ
+between two samples; `unchanged_s` is how long the last of them stayed the same, measured between the samples
+(so it is at most the window watched, never a guess about before it). The verdict looks at the ranks (processes
+whose title names a tensor-parallel rank) when there are any, else at every process read:
+
+- deadlock: ranks in collectives with unchanged stacks, where the ranks disagree (different collectives, or some
+  ranks not in one), or all wait in the same one (a peer that never joins);
+- loading: a rank loading weights (moving or not: a slow disk is not a hang, and the line says unchanged);
+- busy: a rank running work (a batch, a compile, a CUDA-graph capture, tokenizing), or collectives that move;
+- idle: every rank idle in its request loop (a ready server waiting for requests);
+- stuck: the rest, with unchanged stacks (waiting, not idle); unknown: no stacks, or waits that move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from servelab.lifecycle.stacks.capture import Capture, Dump
+from servelab.lifecycle.stacks.classify import ThreadActivity, role_of, telling_thread
+from servelab.lifecycle.stacks.signatures import StackSignature
+from servelab.records import ProcessStacks, StackReport, ThreadStack
+from servelab.redaction import redact_command, redact_text
+from servelab.textsafe import inert
+
+
+def summarize(capture: Capture, engine_signatures: Sequence[StackSignature] = (), *, interval_s: float | None = None,
+              raw: bool = False) -> StackReport:
+    report = StackReport(tool=capture.tool, samples=capture.samples, interval_s=interval_s,
+                         unavailable=capture.unavailable)
+    if capture.unavailable:
+        report.summary = capture.unavailable
+        return report
+    ranks: dict[int, int] = {}
+    for pid in capture.pids:
+        proc, rank = process_stacks(pid, capture.commands.get(pid, []), capture.dumps.get(pid, []),
+                                    engine_signatures)
+        report.processes.append(proc)
+        if rank is not None:
+            ranks[pid] = rank
+    report.verdict, report.summary = verdict(report.processes, ranks)
+    if capture.left_out:
+        report.summary += f" ({capture.left_out} more processes not read: over {len(capture.pids)})"
+    if raw:
+        report.raw = raw_text(report.processes, capture)
+    return report
+
+
+def process_stacks(pid: int, command: list[str], dumps: list[Dump], engine_signatures: Sequence[StackSignature]
+                   ) -> tuple[ProcessStacks, int | None]:
+    shown_command = inert(" ".join(redact_command(command)))[:500] if command else None
+    read = [d for d in dumps if d.threads is not None]
+    last = read[-1].threads if read else []
+    role = role_of(command, last or [])
+    proc = ProcessStacks(pid=pid, role=role.name, command=shown_command, samples=len(read))
+    who = f"{role.name} (pid {pid})" if role.name else f"pid {pid}"
+    if not read:
+        error = next((d.error for d in reversed(dumps) if d.error), "no dump taken")
+        proc.error = inert(error)
+        proc.line = f"{who}: no stacks: {proc.error}"
+        return proc, role.rank
+    keys: list[tuple[float, tuple]] = []
+    activity = ThreadActivity("no threads", "unknown")
+    for dump in read:
+        thread, activity = telling_thread(dump.threads or [], engine_signatures)
+        keys.append((dump.t_s, _key(thread)))
+    thread, activity = telling_thread(last, engine_signatures)
+    for t in last:
+        t.activity = inert(telling_thread([t], engine_signatures)[1].phrase)
+    proc.threads = [_inert_thread(t) for t in last]
+    proc.activity = inert(activity.activity)
+    proc.detail = inert(activity.detail) if activity.detail else None
+    proc.kind = activity.kind  # type: ignore[assignment]
+    if len(keys) > 1:
+        proc.moving = any(k != keys[0][1] for _, k in keys[1:])
+        start = len(keys) - 1
+        while start > 0 and keys[start - 1][1] == keys[-1][1]:
+            start -= 1
+        proc.unchanged_s = round(keys[-1][0] - keys[start][0], 1)
+    proc.line = f"{who}: {inert(activity.phrase)}{_motion(proc)}"
+    if not read[-1].native:
+        proc.line += " (Python frames only: the process could not be paused)"
+    return proc, role.rank
+
+
+def _key(thread: ThreadStack | None) -> tuple:
+    if thread is None:
+        return ()
+    return (thread.tid, tuple((f.function, f.module, f.line) for f in thread.frames))
+
+
+def _motion(proc: ProcessStacks) -> str:
+    if proc.moving is None:
+        return ""
+    if proc.moving:
+        return ", stack moving"
+    return f", stack unchanged for {proc.unchanged_s:.1f} s"
+
+
+def _inert_thread(thread: ThreadStack) -> ThreadStack:
+    thread.name = inert(thread.name) if thread.name else thread.name
+    for frame in thread.frames:
+        frame.function = inert(frame.function)
+        frame.module = inert(redact_text(frame.module)) if frame.module else frame.module
+    return thread
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The tree's verdict
+# --------------------------------------------------------------------------------------------------------------
+
+def verdict(processes: Sequence[ProcessStacks], ranks: dict[int, int]) -> tuple[str, str]:
+    read = [p for p in processes if p.error is None]
+    if not read:
+        errors = [p.error for p in processes if p.error]
+        return "unknown", "no stacks could be read: " + (errors[0] if errors else "no processes")
+    ranked = [p for p in read if p.pid in ranks]
+    principal = ranked or read
+    total = len([p for p in processes if p.pid in ranks]) if ranked else len(processes)
+    noun = "ranks" if ranked else "processes"
+
+    def groups(procs: Sequence[ProcessStacks]) -> str:
+        return _groups(procs, ranks if ranked else {})
+
+    def count(procs: Sequence[ProcessStacks]) -> str:
+        return f"{len(procs)} of {total} {noun}"
+
+    collective = [p for p in principal if p.kind == "collective"]
+    if collective:
+        described = groups(principal)
+        still = all(p.moving is False for p in collective)
+        names = {p.activity for p in collective}
+        window = max(p.unchanged_s or 0.0 for p in collective)
+        if still and (len(names) > 1 or len(collective) < len(principal)):
+            return "deadlock", (f"{described}: {noun} disagree on the collective (stacks unchanged for {window:.1f} s): "
+                                "a likely deadlock")
+        if still:
+            return "deadlock", (f"{count(collective)} {collective[0].activity}, stacks unchanged for {window:.1f} s: "
+                                "all wait in the same collective for a peer that never joins: a likely deadlock")
+        if any(p.moving for p in collective):
+            return "busy", f"{described}, stacks moving: busy"
+    loading = [p for p in principal if p.kind == "loading"]
+    if loading:
+        what = _common_phrase(loading)
+        rest = [p for p in principal if p.kind != "loading"]
+        others = f"; {groups(rest)}" if rest else ""
+        if all(p.moving is False for p in loading):
+            return "loading", (f"{count(loading)} {what}{others}, stacks unchanged for "
+                               f"{max(p.unchanged_s or 0.0 for p in loading):.1f} s: loading, or waiting on storage")
+        motion = ", stacks moving" if any(p.moving for p in loading) else ""
+        return "loading", f"{count(loading)} {what}{others}{motion}: loading, not hung"
+    busy = [p for p in principal if p.kind == "busy"]
+    if busy:
+        if all(p.moving is False for p in busy):
+            return "stuck", (f"{groups(principal)}, stacks unchanged for "
+                             f"{max(p.unchanged_s or 0.0 for p in busy):.1f} s: stuck (on CPU in the same place)")
+        motion = ", stacks moving" if any(p.moving for p in busy) else ""
+        return "busy", f"{groups(principal)}{motion}: busy"
+    if all(p.kind == "idle" for p in principal):
+        return "idle", f"{count(principal)} {_common_phrase(principal)}: idle (a ready server waiting for requests)"
+    waiting = [p for p in principal if p.kind != "idle"]
+    if all(p.moving is False for p in waiting):
+        window = max(p.unchanged_s or 0.0 for p in waiting)
+        return "stuck", f"{groups(principal)}, stacks unchanged for {window:.1f} s: stuck (waiting, not idle)"
+    return "unknown", f"{groups(principal)}" + (", stacks moving" if any(p.moving for p in waiting) else "")
+
+
+def _phrase(p: ProcessStacks) -> str:
+    return p.activity + (f" ({p.detail})" if p.detail else "")
+
+
+def _common_phrase(procs: Sequence[ProcessStacks]) -> str:
+    phrases = sorted({_phrase(p) for p in procs})
+    if len(phrases) == 1:
+        return phrases[0]
+    activities = sorted({p.activity for p in procs})
+    return activities[0] if len(activities) == 1 else ", ".join(phrases)
+
+
+def _groups(procs: Sequence[ProcessStacks], ranks: dict[int, int]) -> str:
+    """Processes grouped by what they do: "ranks 0-2,4-7 in broadcast, rank 3 in all_reduce"."""
+    by_phrase: dict[str, list[ProcessStacks]] = {}
+    for p in procs:
+        by_phrase.setdefault(_phrase(p), []).append(p)
+    ordered = sorted(by_phrase.items(), key=lambda item: -len(item[1]))
+    return ", ".join(f"{_label(group, ranks)} {phrase}" for phrase, group in ordered)
+
+
+def _label(procs: Sequence[ProcessStacks], ranks: dict[int, int]) -> str:
+    numbers = sorted(ranks[p.pid] for p in procs if p.pid in ranks)
+    if numbers and len(numbers) == len(procs):
+        return ("rank " if len(numbers) == 1 else "ranks ") + _ranges(numbers)
+    if len(procs) <= 3:
+        return ", ".join(p.role or f"pid {p.pid}" for p in procs)
+    return f"{len(procs)} processes"
+
+
+def _ranges(numbers: Sequence[int]) -> str:
+    """[0, 1, 2, 4, 5] as "0-2,4-5"."""
+    parts: list[str] = []
+    start = prev = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if n is not None:
+            start = prev = n
+    return ",".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The raw dump, for --stacks
+# --------------------------------------------------------------------------------------------------------------
+
+def raw_text(processes: Sequence[ProcessStacks], capture: Capture) -> str:
+    """The last sample of every process as text, py-spy's layout: inert and redacted."""
+    out: list[str] = []
+    for p in processes:
+        out.append(f"--- pid {p.pid}" + (f" ({p.role})" if p.role else "") + (f": {p.command}" if p.command else "")
+                   + " ---")
+        if p.error:
+            out.append(f"  {p.error}")
+            continue
+        for t in p.threads:
+            state = "active" if t.active else "idle"
+            out.append(f"Thread {t.tid} ({state})" + (f": \"{t.name}\"" if t.name else "")
+                       + (f"  [{t.activity}]" if t.activity else ""))
+            for f in t.frames:
+                where = f"{f.module}:{f.line}" if f.line else (f.module or "")
+                out.append(f"    {f.function} ({where})")
+    return inert(redact_text("\n".join(out)) or "", multiline=True)
