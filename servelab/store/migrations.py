@@ -16,6 +16,11 @@ Version 5: records are no longer kept again as uncompressed JSON, one row each: 
            directory's records file (`runs.records_file`, `runs.records_in_file`) or the store holds them as
            zlib-compressed chunks (`records`: run_id, first, count, data; store/stored_records.py). Older rows are
            compressed into chunks.
+Version 6: what the GPUs did per level (Summary.gpu; docs/metrics.md#gpu) as columns of `levels`, so a query can
+           rank levels by energy per token without parsing JSON: gpu_measured (NULL: the level has no `gpu`, as
+           every level stored before; 0: not measured, gpu_reason says why), gpu_energy_j,
+           gpu_j_per_output_token, gpu_output_tokens_per_j, gpu_power_w_mean, gpu_sm_active_pct_mean,
+           gpu_contended. Back-filled from each level's Summary JSON.
 """
 
 from __future__ import annotations
@@ -152,6 +157,27 @@ def _v5_records_compressed(db: sqlite3.Connection) -> None:
     db.execute("DROP TABLE records_v4")
 
 
+# Summary.gpu's fields that become `levels` columns, and the column each becomes (store/runs.py writes them).
+GPU_LEVEL_COLUMNS = {"measured": "gpu_measured", "reason": "gpu_reason", "energy_j": "gpu_energy_j",
+                     "j_per_output_token": "gpu_j_per_output_token",
+                     "output_tokens_per_j": "gpu_output_tokens_per_j", "power_w_mean": "gpu_power_w_mean",
+                     "sm_active_pct_mean": "gpu_sm_active_pct_mean", "contended": "gpu_contended"}
+
+
+def _v6_gpu_columns(db: sqlite3.Connection) -> None:
+    # The GPU figures of a level, as columns; older levels have no `gpu` in their JSON and keep NULLs.
+    db.execute("ALTER TABLE levels ADD COLUMN gpu_measured INTEGER")
+    db.execute("ALTER TABLE levels ADD COLUMN gpu_reason TEXT")
+    for column in ("gpu_energy_j", "gpu_j_per_output_token", "gpu_output_tokens_per_j", "gpu_power_w_mean",
+                   "gpu_sm_active_pct_mean"):
+        db.execute(f"ALTER TABLE levels ADD COLUMN {column} REAL")
+    db.execute("ALTER TABLE levels ADD COLUMN gpu_contended INTEGER")
+    # json_extract gives JSON true/false as 1/0 and a missing or null field as NULL, as the columns want them.
+    assignments = ", ".join(f"{column} = json_extract(summary, '$.gpu.{field}')"
+                            for field, column in GPU_LEVEL_COLUMNS.items())
+    db.execute(f"UPDATE levels SET {assignments} WHERE json_type(summary, '$.gpu') = 'object'")
+
+
 def _execute(db: sqlite3.Connection, script: str) -> None:
     """Statement by statement: `executescript` would commit the migration's transaction before it runs."""
     for statement in script.split(";"):
@@ -161,5 +187,5 @@ def _execute(db: sqlite3.Connection, script: str) -> None:
 
 # In order: MIGRATIONS[i] takes a store from version i to version i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_runs, _v2_experiments, _v3_cancelled, _v4_trials,
-                                                           _v5_records_compressed]
+                                                           _v5_records_compressed, _v6_gpu_columns]
 LATEST = len(MIGRATIONS)

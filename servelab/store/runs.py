@@ -18,6 +18,7 @@ from pathlib import Path
 from servelab.errors import UserError
 from servelab.records import BenchResult, RequestRecord, RunSummary, Step, Trial
 from servelab.store.db import Store
+from servelab.store.migrations import GPU_LEVEL_COLUMNS
 from servelab.store.stored_records import StoredRecords, load_records, save_records
 
 
@@ -85,13 +86,35 @@ def save_run(store: Store, summary: RunSummary, records: Iterable[RequestRecord]
                            [(summary.run_id, i, c.id, c.outcome, c.reason, c.duration_ms,
                              json.dumps(c.request) if c.request is not None else None, c.response_excerpt)
                             for i, c in enumerate(summary.verify.checks)])
-        db.executemany("INSERT INTO levels (run_id, bench, seq, tag, mode, concurrency, requests, ok, failed, "
-                       "window_s, summary, cancelled, trial) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       level_rows(summary))
+        columns = LEVEL_ROW_COLUMNS + tuple(GPU_LEVEL_COLUMNS.values())
+        db.executemany(f"INSERT INTO levels ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
+                       [row + gpu_cells(s) for row, s in zip(level_rows(summary), _levels(summary))])
         db.executemany("INSERT INTO figures VALUES (?, ?, ?, ?, ?, ?, ?)",
                        [(summary.run_id, key, fig.value, fig.unit, fig.definition, fig.counted_by, fig.note)
                         for key, fig in summary.headline.items()])
         save_records(db, store.path, summary.run_id, records)  # streamed: never all in memory at once
+
+
+LEVEL_ROW_COLUMNS = ("run_id", "bench", "seq", "tag", "mode", "concurrency", "requests", "ok", "failed", "window_s",
+                     "summary", "cancelled", "trial")
+
+
+def _levels(summary: RunSummary) -> list:
+    """Every level of the run, in level_rows' order."""
+    return [s for trial in summary.trials for step in trial.steps for s in step.result.levels]
+
+
+def gpu_cells(s) -> tuple:
+    """A level's GPU columns (store/migrations.py GPU_LEVEL_COLUMNS, in order): NULLs for a level without `gpu`;
+    a level whose GPUs were not measured has gpu_measured 0 and its reason, and no figure (never 0)."""
+    gpu = s.gpu
+    if gpu is None:
+        return (None,) * len(GPU_LEVEL_COLUMNS)
+    cells = []
+    for field in GPU_LEVEL_COLUMNS:
+        value = getattr(gpu, field)
+        cells.append(int(value) if isinstance(value, bool) else value)
+    return tuple(cells)
 
 
 def level_rows(summary: RunSummary) -> list[tuple]:
