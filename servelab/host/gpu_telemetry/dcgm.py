@@ -1,0 +1,162 @@
+"""GPU telemetry from a DCGM exporter's /metrics (Prometheus text exposition), parsed with prometheus_client.
+
+Field names and units as dcgm-exporter publishes them (its etc/default-counters.csv, plus the profiling and
+violation fields a counters file may add):
+
+    DCGM_FI_DEV_SM_CLOCK, DCGM_FI_DEV_MEM_CLOCK          MHz
+    DCGM_FI_DEV_GPU_TEMP                                 C
+    DCGM_FI_DEV_POWER_USAGE                              W
+    DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION                 mJ since the driver loaded (a counter)
+    DCGM_FI_DEV_GPU_UTIL                                 %
+    DCGM_FI_PROF_SM_ACTIVE                               ratio 0-1 (profiling; preferred over GPU_UTIL)
+    DCGM_FI_DEV_FB_USED, DCGM_FI_DEV_FB_FREE             MiB
+    DCGM_FI_DEV_XID_ERRORS                               the last XID code (0: none)
+    DCGM_FI_DEV_POWER_VIOLATION, _THERMAL_VIOLATION      us (cumulative)
+    DCGM_FI_DEV_CLOCK_THROTTLE_REASONS / _CLOCKS_EVENT_REASONS   NVML's bitmask
+    DCGM_FI_PROF_PCIE_TX_BYTES, _RX_BYTES, DCGM_FI_PROF_NVLINK_TX_BYTES, _RX_BYTES   bytes/s
+    DCGM_FI_DEV_RETIRED_SBE, DCGM_FI_DEV_RETIRED_DBE     pages
+
+Each sample is labelled gpu (index), UUID, modelName, device, Hostname. One GET per tick, a short timeout, a
+bounded body; a failure is one line (`last_error`) and an empty read, never an exception.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable
+
+from servelab.records import GpuReading
+
+MAX_BODY_BYTES = 4 * 2**20  # an exporter with every field on 8 GPUs answers ~100 KB
+_MIB = 2**20
+
+# field -> (GpuReading field, scale to its unit)
+_FIELDS: dict[str, tuple[str, float]] = {
+    "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", 1.0),
+    "DCGM_FI_DEV_MEM_CLOCK": ("mem_clock_mhz", 1.0),
+    "DCGM_FI_DEV_GPU_TEMP": ("temp_c", 1.0),
+    "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("energy_mj", 1.0),
+    "DCGM_FI_DEV_FB_USED": ("mem_used_bytes", _MIB),
+    "DCGM_FI_DEV_XID_ERRORS": ("xid_last", 1.0),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": ("pcie_tx_bytes_s", 1.0),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": ("pcie_rx_bytes_s", 1.0),
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": ("nvlink_tx_bytes_s", 1.0),
+    "DCGM_FI_PROF_NVLINK_RX_BYTES": ("nvlink_rx_bytes_s", 1.0),
+}
+_INT_FIELDS = {"mem_used_bytes", "xid_last", "throttle_reasons", "retired_pages"}
+
+
+class DcgmSource:
+    """One DCGM exporter endpoint: `read()` scrapes it once and gives one GpuReading per GPU it lists."""
+
+    def __init__(self, url: str, timeout_s: float = 1.0, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        self.url = url
+        self.name = f"dcgm {url}"
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self.last_error: str | None = None
+        self._notes: list[str] = []
+        self._xid_seen: dict[int, int] = {}
+
+    def take_notes(self) -> list[str]:
+        notes, self._notes = self._notes, []
+        return notes
+
+    def scrape(self) -> str | None:
+        """The body of one GET, or None with `last_error` saying why in one line."""
+        request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                body = response.read(MAX_BODY_BYTES + 1)
+        except urllib.error.HTTPError as exc:
+            self.last_error = f"{self.url} answered HTTP {exc.code}"
+            return None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            self.last_error = f"{self.url} did not answer ({' '.join(str(reason).split())[:120]})"
+            return None
+        if len(body) > MAX_BODY_BYTES:
+            self.last_error = f"{self.url} answered more than {MAX_BODY_BYTES // 2**20} MiB: not a DCGM exporter?"
+            return None
+        self.last_error = None
+        return body.decode("utf-8", errors="replace")
+
+    def read(self) -> list[GpuReading]:
+        t_ns = self._clock()
+        body = self.scrape()
+        if body is None:
+            return []
+        try:
+            readings = parse(body, t_ns)
+        except ValueError as exc:
+            self.last_error = f"{self.url}: not Prometheus text ({' '.join(str(exc).split())[:120]})"
+            return []
+        if not readings:
+            self.last_error = f"{self.url} lists no DCGM_FI_* GPU field"
+        for reading in readings:
+            last = reading.xid_last or 0
+            if last and self._xid_seen.get(reading.gpu) != last:
+                self._notes.append(f"XID {last} on GPU {reading.gpu}"
+                                   f"{f' ({reading.uuid})' if reading.uuid else ''}: the driver reported a GPU error")
+            self._xid_seen[reading.gpu] = last
+        return readings
+
+    def close(self) -> None:
+        pass
+
+
+def parse(body: str, t_ns: int) -> list[GpuReading]:
+    """The GPUs of one /metrics body, by `gpu` label, in index order. Raises ValueError on text that is not
+    the exposition format."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    per_gpu: dict[int, dict[str, Any]] = {}
+    for family in text_string_to_metric_families(body):
+        field = family.name  # a counter's family name drops the "_total" its samples get
+        if not field.startswith("DCGM_FI_"):
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            try:
+                gpu = int(labels.get("gpu", ""))
+            except ValueError:
+                continue
+            values = per_gpu.setdefault(gpu, {})
+            if "uuid" not in values and labels.get("UUID"):
+                values["uuid"] = labels["UUID"]
+            if "name" not in values and labels.get("modelName"):
+                values["name"] = labels["modelName"]
+            values[field] = float(sample.value)
+    readings = []
+    for gpu in sorted(per_gpu):
+        values = per_gpu[gpu]
+        fields: dict[str, Any] = {"t_ns": t_ns, "gpu": gpu, "uuid": values.get("uuid"), "name": values.get("name")}
+        for dcgm_field, (ours, scale) in _FIELDS.items():
+            if dcgm_field in values:
+                fields[ours] = values[dcgm_field] * scale
+        if "DCGM_FI_PROF_SM_ACTIVE" in values:
+            fields["sm_active_pct"], fields["sm_source"] = values["DCGM_FI_PROF_SM_ACTIVE"] * 100.0, "dcgm_prof"
+        elif "DCGM_FI_DEV_GPU_UTIL" in values:
+            fields["sm_active_pct"], fields["sm_source"] = values["DCGM_FI_DEV_GPU_UTIL"], "dcgm_util"
+        if "DCGM_FI_DEV_FB_USED" in values and "DCGM_FI_DEV_FB_FREE" in values:
+            # FB_USED + FB_FREE leaves out the driver's reserve: close to, not exactly, the card's memory
+            fields["mem_total_bytes"] = int((values["DCGM_FI_DEV_FB_USED"] + values["DCGM_FI_DEV_FB_FREE"]) * _MIB)
+        violations = [values[f] for f in ("DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_THERMAL_VIOLATION")
+                      if f in values]
+        if violations:
+            fields["throttle_ns"] = int(sum(violations) * 1000)  # us -> ns
+        for reasons in ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"):
+            if reasons in values:
+                fields["throttle_reasons"] = values[reasons]
+                break
+        retired = [values[f] for f in ("DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE") if f in values]
+        if retired:
+            fields["retired_pages"] = sum(retired)
+        for key in _INT_FIELDS:
+            if fields.get(key) is not None:
+                fields[key] = int(fields[key])
+        readings.append(GpuReading(**fields))
+    return readings
