@@ -87,7 +87,8 @@ def test_the_loading_evidence_looks_like_the_story(story):
     assert loading, "no evidence sample during the weight load"
     s = loading[-1]
     assert s.threads >= 100 and s.threads_in_futex >= 100  # idle threads, as the 131 of the story
-    assert s.processes == 8 and s.port == "closed"  # SGLang's port stays closed while it loads
+    # SGLang's tree: the launcher (tokenizer manager, HTTP server), 8 schedulers and the detokenizer
+    assert s.processes == 10 and s.port == "closed"  # SGLang's port stays closed while it loads
     assert running.evidence[-1].read_chars > running.evidence[0].read_chars
 
 
@@ -211,7 +212,7 @@ def test_ctrl_c_during_the_load_leaves_no_process(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         start_engine(replay(speed=50), tmp_path, on_update=interrupt, ready_timeout_s=TIMEOUT_S)
-    assert len(seen) == 8  # the leader and its 7 ranks
+    assert len(seen) == 10  # the launcher, its 8 schedulers and the detokenizer
     assert tree_gone(seen)
     assert not any(p.pid in seen for p in psutil.process_iter() if p.status() != psutil.STATUS_ZOMBIE)
     assert os.getpid() not in seen

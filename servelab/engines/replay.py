@@ -1,21 +1,27 @@
 """The log-replay engine: a real process that starts up like SGLang or vLLM, at compressed time.
 
     python -m servelab.engines.replay --script sglang-tp8 --speed 50 --port P [--host H]
-        [--variant hang-in-load|crash-9-mid-load|never-bind|slow-steady] [--model-file F] [ENGINE FLAGS...]
+        [--variant hang-in-load|crash-9-mid-load|never-bind|slow-steady|deadlock-at-init] [--model-file F] [ENGINE FLAGS...]
 
 What it does, so that every liveness signal servelab reads is real, not mocked:
 - writes the engine's start-up log (servelab/engines/replay_logs/<script>.log) with live timestamps, one copy of
   per-rank lines per TP rank, and rank 0's tqdm bars rewritten in place with \\r;
-- forks one process per extra TP rank and parks 8 loader threads per rank on a threading.Event (futex waits,
-  like SGLang's multithread loader) while using no CPU;
-- reads the model file while "loading weights", so /proc/<pid>/io counters grow;
+- forks the engine's process tree (replay_ranks.py): SGLang's `sglang::scheduler_TP<n>` per rank and its
+  `sglang::detokenizer`, or vLLM's `VLLM::EngineCore_DP0` and `VLLM::Worker_TP<n>` per rank, each parking 16
+  threads on a threading.Event (futex waits, no CPU, as torch, NCCL and the engine keep them);
+- runs in each process the stand-ins of the engine's own functions (replay_frames/), so its Python stacks show
+  what the real one would be doing: ranks in torch.distributed's barrier during init, in DefaultModelLoader's
+  load_model with 8 loader threads in the weights iterator reading the model file while "loading weights" (so
+  /proc/<pid>/io counters grow), in CudaGraphRunner.capture while capturing, in the scheduler's request loop
+  once ready;
 - opens, binds and answers its HTTP port when and as the real engine does (replay_http.py);
 - honours the engine flags that change start-up: SGLang `--disable-cuda-graph` and vLLM `--enforce-eager` / `-O0`
   skip graph capture, and /server_info reports them.
-Variants: `hang-in-load` stops everything at 40 % of the weights (nothing moves, the process stays alive);
-`crash-9-mid-load` SIGKILLs itself there (as the OOM killer would); `never-bind` never opens the port but logs
-everything, ready line included; `slow-steady` loads weights at half speed with the bar updated only every
-quarter, while the reads keep flowing.
+Variants: `hang-in-load` stops everything at 40 % of the weights (nothing moves: no line, no read, every stack
+where it was; the process stays alive); `crash-9-mid-load` SIGKILLs itself there (as the OOM killer would);
+`never-bind` never opens the port but logs everything, ready line included; `slow-steady` loads weights at half
+speed with the bar updated only every quarter, while the reads keep flowing; `deadlock-at-init` stops at the end of
+distributed init with rank 3 in `all_reduce` and the other ranks in `broadcast`, nothing moving.
 """
 
 from __future__ import annotations
@@ -27,17 +33,20 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 from servelab.engines.replay_http import ReplayHTTP, ReplayState
+from servelab.engines.replay_ranks import ProcessTree, StartupState, entry_point
 from servelab.engines.replay_script import Script, Step, available_scripts, load_script, tqdm_line
 
-VARIANTS = ("normal", "hang-in-load", "crash-9-mid-load", "never-bind", "slow-steady")
+VARIANTS = ("normal", "hang-in-load", "crash-9-mid-load", "never-bind", "slow-steady", "deadlock-at-init")
 FAULT_AT = 0.4  # hang and crash happen at this fraction of the weight shards
 # Per rank: SGLang's 8 multithread-loader threads (DEFAULT_NUM_THREADS) plus the 8 or so that torch, NCCL and the
 # scheduler keep parked; 8 ranks then hold ~140 idle threads, as the story's 131.
 IDLE_THREADS_PER_RANK = 16
-READ_CHUNK = 1 << 20
+# deadlock-at-init stops the timeline at the first line that says distributed init is over
+INIT_ENDS = re.compile(r"Init torch distributed ends|Starting to load model")
 
 SGLANG_DEFAULT_ARGS: dict[str, Any] = {
     "model_path": None, "tokenizer_path": None, "host": "127.0.0.1", "port": 30000, "tp_size": 1, "dp_size": 1,
@@ -109,48 +118,22 @@ class Replay:
         self.state = ReplayState(engine=self.engine, version=script.meta.get("version", "?"), model=self.model,
                                  server_args=server_args, graphs_captured=self.graphs)
         self.http = ReplayHTTP(args.host, args.port, self.state)
-        self.loading = threading.Event()
-        self.frozen = threading.Event()  # set by a hang: every thread stops doing anything
+        self.tree = ProcessTree(self.engine, args.tp, args.variant, args.model_file, IDLE_THREADS_PER_RANK,
+                                park_threads)
+        self.startup = StartupState(self.engine, "leader", 0, args.tp, args.variant, args.model_file)
         self.ranks: list[int] = []
-        self._rank_pipes: list[int] = []  # write ends held open: a rank exits when they close (we died)
         self.t0 = time.monotonic()
 
-    # ---- the process tree and its idle threads ----
-    def fork_ranks(self) -> None:
-        """One child per extra rank, forked before any thread exists. A child waits for EOF on a pipe: it exits
-        when this process dies, however it dies."""
-        for _ in range(max(0, self.args.tp - 1)):
-            read_fd, write_fd = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the rank
-                for fd in [write_fd, *self._rank_pipes]:  # only the parent may keep a rank's pipe open
-                    os.close(fd)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                try:
-                    park_threads(IDLE_THREADS_PER_RANK)
-                    while os.read(read_fd, 1):
-                        pass
-                finally:
-                    os._exit(0)
-            os.close(read_fd)
-            self.ranks.append(pid)
-            self._rank_pipes.append(write_fd)
+    # ---- the process tree ----
+    def fork_tree(self) -> None:
+        """The engine's processes, forked before any thread exists (replay_ranks.py)."""
+        self.tree.fork()
+        self.ranks = self.tree.pids
 
-    def reader(self) -> None:
-        """Reads the model file in a loop while weights load (pread: the offset is ours, the file is shared)."""
-        path = self.args.model_file
-        if not path or not os.path.isfile(path):
-            return
-        fd = os.open(path, os.O_RDONLY)
-        size = max(1, os.fstat(fd).st_size)
-        offset = 0
-        while True:
-            self.loading.wait()
-            if self.frozen.is_set():
-                threading.Event().wait()  # hung: never returns
-            data = os.pread(fd, READ_CHUNK, offset)
-            offset = (offset + len(data)) % size if data else 0
-            time.sleep(0.01)
+    def phase(self, phase: str) -> None:
+        """Where the start-up is now, for this process's stand-ins and every child's."""
+        self.startup.set_phase(phase)
+        self.tree.send(phase)
 
     # ---- the timeline ----
     def at(self, script_t: float) -> None:
@@ -185,6 +168,8 @@ class Replay:
             if step.condition == "graph" and not self.graphs or step.condition == "nograph" and self.graphs:
                 continue
             self.at(step.t)
+            if self.args.variant == "deadlock-at-init" and step.text and INIT_ENDS.search(step.text):
+                threading.Event().wait()  # the ranks wait in their collectives for ever: no line comes
             if step.directive:
                 self.act(step)
             else:
@@ -198,14 +183,22 @@ class Replay:
             self.http.bind()
         elif step.directive == "listen" and variant != "never-bind":
             self.http.listen()
+            self.phase("warmup")  # the server's own warm-up request runs a batch
         elif step.directive == "health":
             self.state.health = int(step.args.get("value", "200"))
+            if self.state.health == 200:
+                self.phase("ready")
         elif step.directive == "load-begin":
-            self.loading.set()
+            self.phase("load")
         elif step.directive == "load-end":
-            self.loading.clear()
+            self.phase("kv")
         elif step.directive == "tqdm":
+            graphs = step.args.get("role") == "graphs"
+            if graphs:
+                self.phase("graph")
             self.tqdm(step)
+            if graphs:
+                self.phase("serve")
 
     def tqdm(self, step: Step) -> None:
         total = int(step.args.get("total", self.script.shards))
@@ -233,7 +226,7 @@ class Replay:
     def fault(self, variant: str) -> None:
         if variant == "crash-9-mid-load":
             os.kill(os.getpid(), signal.SIGKILL)
-        self.frozen.set()
+        self.phase("freeze")
         threading.Event().wait()  # hung in the middle of a phase: no line, no read, no CPU, ever
 
 
@@ -262,14 +255,25 @@ def main(argv: list[str] | None = None) -> int:
         print(str(exc), file=sys.stderr)
         return 2
     replay = Replay(script, args, engine_flags)
-    replay.fork_ranks()  # before any thread: forking a threaded process copies locks in unknown states
+    replay.fork_tree()  # before any thread: forking a threaded process copies locks in unknown states
     park_threads(IDLE_THREADS_PER_RANK)
-    threading.Thread(target=replay.reader, name="weights-reader", daemon=True).start()
+    threading.Thread(target=_timeline, args=(replay,), name="replay-timeline", daemon=True).start()
     try:
-        replay.run()
+        # The main thread is the engine's main process (its HTTP server and tokenizer manager) as a stack shows it.
+        entry_point(replay.startup)(replay.startup)
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _timeline(replay: Replay) -> None:
+    """The scripted start-up, on its own thread; a failure in it ends the process as it would the engine."""
+    try:
+        replay.run()
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 if __name__ == "__main__":
