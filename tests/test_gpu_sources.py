@@ -230,6 +230,18 @@ def test_dcgm_without_profiling_fields_uses_gpu_util():
     assert all(r.pcie_tx_bytes_s is None for r in readings)
 
 
+def test_dcgm_fast_split_agrees_with_prometheus_clients_full_parser():
+    from servelab.host.gpu_telemetry.dcgm import _values_by_gpu, _values_by_gpu_slow
+
+    for body in dcgm_bodies():
+        text = body.decode()
+        assert _values_by_gpu(text) == _values_by_gpu_slow(text)
+        assert len(_values_by_gpu(text)) == 8
+    # a line of another shape (no labels, a timestamp) goes through the full parser and still reads
+    odd = 'DCGM_FI_DEV_COUNT 8\nDCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-x"} 612.5 1733000000000\n'
+    assert parse(odd, t_ns=1)[0].power_w == 612.5
+
+
 def test_dcgm_failures_are_one_line_and_empty():
     closed = DcgmSource(closed_port_url(), timeout_s=0.5)
     assert closed.read() == [] and "did not answer" in closed.last_error and "\n" not in closed.last_error
