@@ -13,6 +13,11 @@ the table:
 
 Adding a figure: one entry here, and its function in bench/metrics.py `MEASURES`. Its definition goes in
 docs/metrics.md under the anchor the entry names.
+
+The GPU figures (`GPU_FIGURES`) are level figures of the same kind, read by the same code, but they come from the
+level's GPU telemetry (its `GpuSummary`), not from its requests: bench/gpu_figures.py makes them
+(`gpu_level_figures`, each from its function in `GPU_MEASURES`) and pools them across trials (`pool_gpu`), so
+`summarize` and `MEASURES` know nothing of them. Adding one: an entry in `GPU_FIGURES` and its function there.
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ class Pooling(Enum):
     REQUESTS = "requests"
     # A ratio of sums over requests (reasoning share, cache hit ratio): recomputed over every trial's requests.
     RATIO = "ratio"
+    # A figure of the level's GPU telemetry (docs/metrics.md#gpu): recomputed from the measured trials' sums, as
+    # if their windows were one: (Σ energy) ÷ (Σ tokens) for energy per token, (Σ energy) ÷ (Σ window) for power,
+    # means over every trial's readings (bench/gpu_figures.py `pool_gpu`). Neither a window rate nor a
+    # distribution over requests.
+    TELEMETRY = "telemetry"
 
 
 @dataclass(frozen=True)
@@ -147,7 +157,26 @@ LEVEL_FIGURES: tuple[LevelFigure, ...] = (
          csv=(21, "stats")),
 )
 
+TELEMETRY = Pooling.TELEMETRY
+
+# From the level's GPU telemetry (bench/gpu_figures.py), over the engine's GPUs; their CSV columns follow the
+# request figures'.
+GPU_FIGURES: tuple[LevelFigure, ...] = (
+    _fig("j_per_output_token", "J/token", LOWER, "gpu-j-per-token", TELEMETRY, counts_tokens=True,
+         csv=(22, "value")),
+    _fig("j_per_answer_token", "J/token", LOWER, "gpu-j-per-answer-token", TELEMETRY, counts_tokens=True,
+         csv=(23, "value")),
+    _fig("output_tokens_per_j", "tok/J", HIGHER, "gpu-tokens-per-j", TELEMETRY, counts_tokens=True,
+         csv=(24, "value")),
+    _fig("gpu_power_w_mean", "W", NEITHER, "gpu-power", TELEMETRY, counts_tokens=False, csv=(25, "value")),
+    _fig("gpu_sm_active_pct_mean", "%", NEITHER, "gpu-sm-activity", TELEMETRY, counts_tokens=False,
+         csv=(26, "value")),
+    _fig("gpu_idle_share", "fraction", NEITHER, "gpu-idle-share", TELEMETRY, counts_tokens=False,
+         csv=(27, "value")),
+)
+
 FIGURES: dict[str, LevelFigure] = {f.key: f for f in LEVEL_FIGURES}
+GPU_FIGURE_BY_KEY: dict[str, LevelFigure] = {f.key: f for f in GPU_FIGURES}
 
 # The window rates: blanked on a level that is not measured (bench/steady.py), pooled across trials as a
 # window-weighted mean (bench/trials.py).
@@ -163,5 +192,5 @@ def lookup(key: str) -> LevelFigure | None:
     ("single.ttft_ms", "peak.output_tok_s"). None for a key of no level figure ("peak.concurrency")."""
     scope, dot, name = key.partition(".")
     if not dot:
-        return FIGURES.get(key)
-    return FIGURES.get(name) if scope in HEADLINE_SCOPES else None
+        return FIGURES.get(key) or GPU_FIGURE_BY_KEY.get(key)
+    return (FIGURES.get(name) or GPU_FIGURE_BY_KEY.get(name)) if scope in HEADLINE_SCOPES else None
