@@ -12,7 +12,7 @@ import pytest
 
 from servelab.bench.figures import GPU_FIGURES, LEVEL_FIGURES, Pooling, lookup
 from servelab.bench.gpu_figures import (GPU_MEASURES, HW_THERMAL_SLOWDOWN, SW_POWER_CAP, gpu_level_figures,
-                                        gpu_list, not_measured, pool_gpu, summarize_gpu)
+                                        gpu_list, not_measured, pool_gpu, reading_span, summarize_gpu)
 from servelab.records import GpuReading
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,6 +74,13 @@ def test_the_counter_is_interpolated_to_the_window_s_edges_not_cut_at_the_readin
     assert s.energy_j == pytest.approx(4000.0, rel=1e-12)
     assert s.j_per_output_token == pytest.approx(0.5, rel=1e-12)
     assert not any("extrapolated" in n for n in s.notes)
+
+
+def test_the_readings_a_level_needs_reach_two_intervals_beyond_its_window() -> None:
+    assert reading_span(WINDOW, 0.25) == (T0 - 500 * MS, T0 + 10 * S + 500 * MS)
+    # readings from a wider span change nothing: only pairs overlapping the window count
+    wide = summary_of(series(start=T0 - 40 * DT, end=T0 + 10 * S + 40 * DT))
+    assert wide.energy_j == 4000.0 and wide.gpus[0].samples == 41
 
 
 def test_a_ramp_of_power_integrates_to_its_exact_energy_from_the_counter_and_from_the_readings() -> None:
@@ -253,15 +260,24 @@ def test_without_the_engine_s_processes_every_gpu_counts_and_contention_is_not_c
 
 
 def test_new_xid_errors_are_a_loud_reason() -> None:
-    nvml = summary_of(series(xid_errors=lambda g, t: 0 if t < 3 else (1 if t < 6 else 3)))
+    # NVML counts XID events (and keeps the last code): 1 at 3 s, 2 more at 6 s
+    nvml = summary_of(series(xid_errors=lambda g, t: 0 if t < 3 else (1 if t < 6 else 3),
+                             xid_last=lambda g, t: 0 if t < 3 else (13 if t < 6 else 79)))
     assert nvml.gpus[0].xid_errors == 3 and nvml.contended
-    assert nvml.reasons[0].startswith("XID ERROR: GPU 0 reported 3 new XID errors during the level")
-    old = summary_of(series(xid_errors=2))  # errors from before the level are not new
+    assert nvml.reasons == ["XID ERROR: GPU 0 reported 3 new XID errors during the level (last code 79): a driver "
+                            "or hardware fault; the level's figures may not describe the engine"]
+    old = summary_of(series(xid_errors=2, xid_last=31))  # errors from before the level are not new
     assert old.gpus[0].xid_errors == 0 and not old.contended
-    # DCGM's field holds the last XID code: each change to a nonzero code is one event
-    dcgm = summary_of(series(xid_errors=lambda g, t: 0 if t < 3 else (79 if t < 5 else (0 if t < 7 else 48)))
-                      , source="dcgm http://127.0.0.1:9400/metrics")
+    # DCGM holds only the last XID code: each change to a nonzero code is one event
+    dcgm = summary_of(series(xid_last=lambda g, t: 0 if t < 3 else (79 if t < 5 else (0 if t < 7 else 48))),
+                      source="dcgm http://127.0.0.1:9400/metrics")
     assert dcgm.gpus[0].xid_errors == 2 and "(last code 48)" in dcgm.reasons[0]
+    assert summary_of(series()).gpus[0].xid_errors is None  # not read: not 0
+
+
+def test_retired_memory_pages_are_noted() -> None:
+    s = summary_of(series(retired_pages=lambda g, t: 4 if t < 5 else 6))
+    assert "GPU 0: 2 memory pages retired during the level (ECC errors)" in s.notes
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ the series: a soak's hours of readings at 4 Hz on eight GPUs stay out of memory.
 become deltas over exactly the level's window by the pair rule (docs/metrics.md#gpu): between two consecutive
 readings a counter grows linearly, so each pair contributes its growth times the share of its span inside the
 window; the readings just before and just after the window are needed for that, so callers pass the readings
-from one sampling interval before the window to one after it.
+of `reading_span(window, interval_s)`, the window with a margin of two sampling intervals.
 
 `pool_gpu` pools the trials of one level (docs/metrics.md#gpu-trials), and `gpu_level_figures` gives the level
 figures of bench/figures.py `GPU_FIGURES` from a summary. Nothing here reads a clock or a device.
@@ -39,6 +39,13 @@ SW_THERMAL_SLOWDOWN = 0x20
 HW_THERMAL_SLOWDOWN = 0x40
 HW_POWER_BRAKE_SLOWDOWN = 0x80
 POWER_OR_THERMAL = SW_POWER_CAP | HW_SLOWDOWN | SW_THERMAL_SLOWDOWN | HW_THERMAL_SLOWDOWN | HW_POWER_BRAKE_SLOWDOWN
+
+
+def reading_span(window: tuple[int, int], interval_s: float) -> tuple[int, int]:
+    """The span of readings a level's figures need: its window with two sampling intervals either side, so the
+    readings just beyond each edge are there even when a tick came late (for the sampler's `iter_readings`)."""
+    margin = int(2 * interval_s * NS_PER_S)
+    return window[0] - margin, window[1] + margin
 
 
 def not_measured(reason: str) -> GpuSummary:
@@ -131,7 +138,6 @@ class _Device:
 
     gpu: int
     window: tuple[int, int]
-    dcgm_xid: bool
     uuid: str | None = None
     name: str | None = None
     energy: _EnergyCounter = field(init=False)
@@ -149,10 +155,10 @@ class _Device:
     temp_max: float | None = None
     reasons_n: int = 0
     throttled_n: int = 0
-    xid_prev: int | None = None
-    xid_new: int = 0
+    xid_count: _Increments = field(default_factory=lambda: _Increments())
+    xid_changes: _Increments = field(default_factory=lambda: _Increments(changes=True))
     xid_code: int | None = None
-    xid_seen: bool = False
+    retired: _Increments = field(default_factory=lambda: _Increments())
     engine_seen: bool = False
     pids: set[int] = field(default_factory=set)
 
@@ -170,8 +176,11 @@ class _Device:
         self.violation.add(r.t_ns, None if r.throttle_ns is None else float(r.throttle_ns))
         ws, we = self.window
         inside = ws <= r.t_ns <= we
-        if r.xid_errors is not None:
-            self._xid(r.xid_errors, inside)
+        self.xid_count.add(r.xid_errors, inside)
+        self.xid_changes.add(r.xid_last, inside)
+        self.retired.add(r.retired_pages, inside)
+        if inside and r.xid_last:
+            self.xid_code = r.xid_last
         if not inside:
             return False
         self.samples += 1
@@ -201,24 +210,19 @@ class _Device:
                 self.pids.add(pid)
         return True
 
-    def _xid(self, value: int, inside: bool) -> None:
-        """New XID events: a cumulative count's increments (NVML), or each change to a nonzero code (DCGM's field
-        holds the last XID), counted from the last reading before the window."""
-        prev, self.xid_prev = self.xid_prev, value
-        if not inside:
-            return
-        self.xid_seen = True
-        if prev is None:
-            return  # the first reading is the baseline: what it holds happened before
-        if self.dcgm_xid:
-            if value != prev and value:
-                self.xid_new += 1
-                self.xid_code = value
-        elif value > prev:
-            self.xid_new += value - prev
+    @property
+    def xid_new(self) -> int | None:
+        """New XID events in the window: the count's increments where the source counts them (NVML), else each
+        change of the last XID code to a nonzero one (DCGM holds only the last code); None when neither is read."""
+        if self.xid_count.seen:
+            return self.xid_count.new
+        return self.xid_changes.new if self.xid_changes.seen else None
 
     def summary(self, window_s: float, engine: bool, notes: _Notes) -> GpuDeviceSummary:
         energy_j, energy_from = self._energy(notes)
+        if self.retired.new:
+            notes.add(self.gpu, f"{self.retired.new} memory page{'s' if self.retired.new > 1 else ''} retired "
+                                f"during the level (ECC errors)")
         throttle_s = self._throttle(window_s, notes)
         if self.sm_n == 0:
             notes.add(self.gpu, "SM activity not measured: the source gives none")
@@ -234,7 +238,7 @@ class _Device:
             sm_source=",".join(sorted(self.sm_sources)) or None,
             mem_used_bytes_mean=self.mem_sum / self.mem_n if self.mem_n else None, mem_used_bytes_max=self.mem_max,
             idle_share=self.idle_n / self.sm_n if self.sm_n else None, throttle_s=throttle_s,
-            temp_c_max=self.temp_max, xid_errors=self.xid_new if self.xid_seen else None,
+            temp_c_max=self.temp_max, xid_errors=self.xid_new,
             other_pids=sorted(self.pids))
 
     def _energy(self, notes: _Notes) -> tuple[float | None, str | None]:
@@ -294,6 +298,32 @@ class _Device:
         return None
 
 
+class _Increments:
+    """New events in the window from a cumulative count (its increments, a drop being a reset), or from a value
+    that holds the last event (`changes`: each change to a nonzero value), counted from the last reading before
+    the window; the first reading, when none came before, is the baseline: what it holds happened earlier."""
+
+    def __init__(self, *, changes: bool = False) -> None:
+        self.changes = changes
+        self.prev: int | None = None
+        self.new = 0
+        self.seen = False  # a reading inside the window had the field
+
+    def add(self, value: int | None, inside: bool) -> None:
+        if value is None:
+            return
+        prev, self.prev = self.prev, value
+        if not inside:
+            return
+        self.seen = True
+        if prev is None:
+            return
+        if self.changes:
+            self.new += value != prev and value != 0
+        elif value > prev:
+            self.new += value - prev
+
+
 def _times(n: int) -> str:
     return "once" if n == 1 else f"{n} times"
 
@@ -336,19 +366,18 @@ def summarize_gpu(readings: Iterable[GpuReading], *, window: tuple[int, int], ou
     """The level's GpuSummary from its readings (docs/metrics.md#gpu), read once, one at a time. `window` is the
     level's measurement window (perf_counter ns), `output_tokens` (`answer_tokens`) the tokens its output tok/s
     (answer tok/s) counts in it, None when it counts none (a level not measured, no reasoning counted apart);
-    `engine_pids` the engine's process tree. Give the readings from one interval before the window to one after:
-    the counters need a reading beyond each edge."""
+    `engine_pids` the engine's process tree. Give the readings of `reading_span(window, interval_s)`: the
+    counters need a reading beyond each edge. Readings come in time order (the sampler's, tick by tick)."""
     ws, we = window
     if we <= ws:
         return not_measured("the level has no measurement window")
     engine = frozenset(engine_pids)
     devices: dict[int, _Device] = {}
-    dcgm = source.startswith("dcgm")
     peak = _SummedPeak()
     for r in readings:
         device = devices.get(r.gpu)
         if device is None:
-            device = devices[r.gpu] = _Device(r.gpu, window, dcgm)
+            device = devices[r.gpu] = _Device(r.gpu, window)
         was_engine = device.engine_seen
         inside = device.add(r, engine)
         peak.add(device, r.power_w, inside, joined=device.engine_seen and not was_engine)
@@ -373,7 +402,7 @@ def summarize_gpu(readings: Iterable[GpuReading], *, window: tuple[int, int], ou
         measured=True, source=source, interval_s=interval_s, window_s=window_s, gpus=gpus,
         output_tokens=output_tokens, answer_tokens=answer_tokens,
         power_w_max=peak.engine_max if by_engine else peak.all_max, notes=lines + notes.lines()))
-    summary.reasons = _contention(mine, window_s, by_engine, dcgm, devices)
+    summary.reasons = _contention(mine, window_s, by_engine, devices)
     summary.contended = bool(summary.reasons)
     return summary
 
@@ -434,8 +463,7 @@ def _idle_count(g: GpuDeviceSummary) -> int:
     return round((g.idle_share or 0.0) * g.sm_samples)
 
 
-def _contention(mine: Sequence[GpuDeviceSummary], window_s: float, by_engine: bool, dcgm: bool,
-                devices: dict[int, _Device]) -> list[str]:
+def _contention(mine: Sequence[GpuDeviceSummary], window_s: float, by_engine: bool, devices: dict[int, _Device]) -> list[str]:
     """One sentence per reason the engine's GPUs were not the engine's alone (docs/metrics.md#gpu-contended)."""
     reasons: list[str] = []
     if by_engine:
@@ -457,7 +485,7 @@ def _contention(mine: Sequence[GpuDeviceSummary], window_s: float, by_engine: bo
             code = devices[g.gpu].xid_code
             reasons.append(f"XID ERROR: GPU {g.gpu} reported {g.xid_errors} new XID "
                            f"error{'s' if g.xid_errors > 1 else ''} during the level"
-                           + (f" (last code {code})" if dcgm and code else "")
+                           + (f" (last code {code})" if code else "")
                            + ": a driver or hardware fault; the level's figures may not describe the engine")
     return reasons
 
