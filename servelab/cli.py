@@ -115,6 +115,9 @@ def up(
                                                    "budget): stop the engine, or wait and only report it.")] = "stop",
     stall_budget: Annotated[Optional[float], typer.Option(help="Seconds without progress that make a stall, "
                                                                "whatever the phase (default: per phase).")] = None,
+    stacks: Annotated[bool, typer.Option("--stacks/--no-stacks", help="Read the engine's stacks (py-spy) when a "
+                                         "phase has been silent for half its budget and at a stall, and name what "
+                                         "they show in the verdict.")] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Start an engine, show its start-up phases live, and keep it serving until Ctrl-C.
@@ -135,7 +138,7 @@ def up(
     spec = spec.model_copy(update={"tp": tp, "executable": executable, "stall_budget_s": stall_budget,
                                    "options": dict(item.split("=", 1) for item in option or [] if "=" in item)})
     with start_engine(spec, log_dir, view=launch_view(out), ready_timeout_s=ready_timeout,
-                      stall_action=stall_action) as running:
+                      stall_action=stall_action, stacks=stacks) as running:
         result = running.result()
         render_lint(out, result.lint)
         if as_json:
@@ -375,7 +378,9 @@ def doctor_cmd(
     url: Annotated[Optional[str], typer.Option(help="The engine's base URL (readiness probe, config).")] = None,
     engine: Annotated[Optional[str], typer.Option(help="Engine name, when it cannot be recognised.")] = None,
     seconds: Annotated[float, typer.Option(help="How long to watch.")] = 3.0,
-    stacks: Annotated[bool, typer.Option("--stacks", help="Add Python stack dumps (needs py-spy).")] = False,
+    stacks: Annotated[Optional[bool], typer.Option(
+        "--stacks/--no-stacks", help="Stacks are read and named whenever there is a process (py-spy): --stacks "
+                                     "adds the raw dumps, --no-stacks skips them.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Diagnose a server servelab did not start: starting, loading, ready, stalled or crashed, with the evidence.
@@ -386,7 +391,8 @@ def doctor_cmd(
     from servelab.lifecycle.doctor import diagnose
     from servelab.report.doctor import render_diagnosis
 
-    result = diagnose(pid=pid, log=log, url=url, engine=engine, seconds=seconds, stacks=stacks)
+    result = diagnose(pid=pid, log=log, url=url, engine=engine, seconds=seconds, stacks=stacks is not False,
+                      raw_stacks=stacks is True)
     if as_json:
         print(result.model_dump_json(indent=2))
     else:

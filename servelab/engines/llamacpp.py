@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from servelab.engines.base import EngineSpec, Launch
 from servelab.engines.common import base_url, require_python_module
 from servelab.engines.llama_common import DEFAULT_CTX, DEFAULT_PARALLEL, DEFAULT_THREADS, LlamaCppFamily
+from servelab.engines.stack_signature import StackSignature
 from servelab.models import resolve_model
 
 
@@ -24,6 +25,18 @@ class LlamaCppEmbedded(LlamaCppFamily):
     title = "llama.cpp server (xllamacpp)"
     install_hint = "pip install xllamacpp"
     cmdline_markers = ("servelab.engines.llamacpp_server",)
+    # ---- stack signatures (lifecycle/stacks/), read from servelab's launcher (engines/llamacpp_server.py) with
+    # xllamacpp 2026.10: its Python main thread loads the model inside xlc.Server(...) (native frames
+    # xllamacpp::Server::Server, waiting on the load's future), then waits on an Event while llama.cpp's native
+    # threads serve. py-spy lists only Python threads, so idle and busy look alike in the stacks: the process's
+    # CPU time during the capture tells them apart (native_work).
+    stack_signatures = (
+        StackSignature("loading the model", "loading", native=True, functions=(r"xllamacpp::Server::Server",),
+                       detail="llama.cpp, xllamacpp Server start-up"),
+        StackSignature("serving from native threads", "idle", modules=(r"(^|/)threading\.py$",),
+                       functions=("Event.wait",), within=(r"servelab/engines/llamacpp_server\.py$",),
+                       native_work=True),
+    )
 
     def require(self, spec: EngineSpec) -> None:
         require_python_module(spec, "xllamacpp", self.title, self.install_hint)

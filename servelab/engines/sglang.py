@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from servelab.engines.base import EngineAdapter, EngineSpec, Launch, PhasePattern
+from servelab.engines.stack_signature import StackSignature
 from servelab.engines.common import (
     PROBE_ACCESS_LINE,
     TQDM_COUNT,
@@ -115,6 +116,39 @@ class SGLang(EngineAdapter):
     failure_lines = re.compile(r"scheduler died during initialization|Initialization failed\. warmup error|"
                                r"Scheduler hit an exception|watchdog timeout|CUDA out of memory")
     cmdline_markers = ("sglang.launch_server", "sglang::", "sglang serve")
+    # ---- stack signatures (lifecycle/stacks/), read from SGLang 0.5.10 (python/sglang/srt/): the scheduler of
+    # each TP rank (managers/scheduler.py) loops in event_loop_normal / event_loop_overlap: recv_requests (rank 0
+    # polls the tokenizer's zmq socket, then broadcast_pyobj hands the requests to every rank over the CPU group:
+    # an idle rank waits there, which is no collective hang), then run_batch. The detokenizer
+    # (managers/detokenizer_manager.py) waits in DetokenizerManager.event_loop. Weights load through
+    # model_executor/model_runner.py ModelRunner.load_model and model_loader/loader.py DefaultModelLoader; CUDA
+    # graphs are captured in model_executor/cuda_graph_runner.py CudaGraphRunner.capture.
+    stack_signatures = (
+        StackSignature("idle in the request loop", "idle", modules=(r"sglang/srt/managers/scheduler\.py$",),
+                       functions=("Scheduler.recv_requests", "recv_requests"), detail="recv_requests"),
+        StackSignature("running a batch", "busy", modules=(r"sglang/srt/managers/scheduler\.py$",),
+                       functions=("Scheduler.run_batch", "run_batch"), detail="run_batch"),
+        StackSignature("capturing CUDA graphs", "busy", modules=(r"sglang/srt/model_executor/cuda_graph_runner\.py$",),
+                       functions=("CudaGraphRunner.capture", "CudaGraphRunner.capture_one_batch_size", r"\w*capture\w*")),
+        StackSignature("loading weights", "loading",
+                       modules=(r"sglang/srt/model_loader/", r"sglang/srt/model_executor/model_runner\.py$"),
+                       functions=("DefaultModelLoader.load_model", "DefaultModelLoader.load_weights_and_postprocess",
+                                  r"\w*ModelLoader\.load_model", "ModelRunner.load_model", r"\w*weights_iterator"),
+                       detail="{function}"),
+        StackSignature("in distributed init ({function})", "waiting",
+                       modules=(r"sglang/srt/distributed/parallel_state\.py$", r"sglang/srt/model_executor/model_runner\.py$"),
+                       functions=("init_distributed_environment", "initialize_model_parallel",
+                                  "ModelRunner.init_torch_distributed")),
+        StackSignature("detokenizing", "busy", modules=(r"sglang/srt/managers/detokenizer_manager\.py$",),
+                       functions=(r"DetokenizerManager\.handle_\w+", r"DetokenizerManager\._decode\w*")),
+        StackSignature("detokenizer idle", "idle", modules=(r"sglang/srt/managers/detokenizer_manager\.py$",),
+                       functions=("DetokenizerManager.event_loop",)),
+        StackSignature("tokenizing requests", "busy", modules=(r"sglang/srt/managers/tokenizer_manager\.py$",),
+                       functions=(r"TokenizerManager\._tokenize\w*", "TokenizerManager.generate_request")),
+        StackSignature("in the scheduler loop", "busy", modules=(r"sglang/srt/managers/scheduler\.py$",),
+                       functions=("Scheduler.event_loop_normal", "Scheduler.event_loop_overlap",
+                                  r"Scheduler\.event_loop_\w+")),
+    )
     probe_path = "/health"  # 503 while ServerStatus.Starting (warm-up running), 200 after
     # Usage on every chunk (running completion_tokens), independent of include_usage in SGLang.
     stream_extras = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}

@@ -34,6 +34,9 @@ class StackSignature:
     detail: str | None = None
     native: bool | None = None  # True: only native frames, False: only Python frames, None: either
     within: tuple[str, ...] = ()  # module regexes one of the thread's other frames must match (e.g. "uvicorn/")
+    # The Python thread only parks while native threads py-spy does not list do the work (llama.cpp's server):
+    # the process's CPU time during the capture then tells idle from busy.
+    native_work: bool = False
     _function_res: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
     _module_res: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
     _within_res: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)

@@ -14,6 +14,7 @@ import subprocess
 from typing import Any
 
 from servelab.engines.base import EngineAdapter, EngineSpec, Launch, PhasePattern
+from servelab.engines.stack_signature import StackSignature
 from servelab.engines.common import PROBE_ACCESS_LINE, base_url, flag_value, hub_or_path, require_binary
 from servelab.engines.lint import finding, merge
 from servelab.records import LintFinding
@@ -62,6 +63,21 @@ class TGI(EngineAdapter):
     failure_lines = re.compile(r"Shard complete standard error output|Shard process was signaled to shutdown|"
                                r"Not enough memory to handle|ShardCannotStart|WebserverFailed|DownloadError")
     cmdline_markers = ("text-generation-launcher", "text-generation-router")
+    # ---- stack signatures (lifecycle/stacks/): TGI's launcher and router are Rust (py-spy reads no stacks from
+    # them: "not a Python process"); its model shards are Python, read from text-generation-inference 3.x
+    # (server/text_generation_server/): server.py serve runs a gRPC asyncio server whose TextGenerationService
+    # Prefill/Decode call Model.generate_token and Warmup Model.warmup; models load in models/__init__.py get_model
+    # and utils/weights.py. An idle shard is its asyncio event loop waiting (a generic signature).
+    stack_signatures = (
+        StackSignature("warming up", "busy", modules=(r"text_generation_server/",),
+                       functions=(r"\w*\.warmup", "TextGenerationService.Warmup")),
+        StackSignature("running a batch", "busy", modules=(r"text_generation_server/",),
+                       functions=(r"\w*\.generate_token", "TextGenerationService.Prefill",
+                                  "TextGenerationService.Decode"), detail="{function}"),
+        StackSignature("loading weights", "loading",
+                       modules=(r"text_generation_server/models/__init__\.py$", r"text_generation_server/utils/weights\.py$"),
+                       functions=("get_model", r"Weights\.\w+"), detail="{function}"),
+    )
     probe_path = "/health"  # port closed until ready; 503 {"error":"unhealthy"} afterwards means unhealthy
     stream_extras: dict[str, Any] = {}  # include_usage only: no running count per chunk
     accepts_ignore_eos = False

@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 from servelab.engines.base import EngineAdapter, EngineSpec, Launch, PhasePattern
+from servelab.engines.stack_signature import StackSignature
 from servelab.engines.common import (
     PROBE_ACCESS_LINE,
     TQDM_COUNT,
@@ -52,6 +53,24 @@ class TransformersServe(EngineAdapter):
     heartbeat_lines = re.compile(PROBE_ACCESS_LINE)
     failure_lines = re.compile(r"Traceback \(most recent call last\)|Error: ")
     cmdline_markers = ("transformers serve", "transformers.cli.transformers serve")
+    # ---- stack signatures (lifecycle/stacks/), read from transformers 5.24 (transformers/cli/serving/,
+    # generation/continuous_batching/continuous_api.py): requests run on cli/serving/utils.py InferenceThread._run
+    # (waiting on its queue when idle, inside generate when busy), or with continuous batching on
+    # ContinuousBatchingManager._run_generation_loop: _generation_step runs a batch, and _generation_loop_body
+    # waits on _wake_up_loop when there is none. Models load in cli/serving/model_manager.py.
+    stack_signatures = (
+        StackSignature("running a batch", "busy", modules=(r"transformers/generation/continuous_batching/",),
+                       functions=(r"\w*\._generation_step",), detail="continuous batching"),
+        StackSignature("generating", "busy", modules=(r"transformers/generation/utils\.py$",),
+                       functions=(r"GenerationMixin\.\w+",)),
+        StackSignature("loading weights", "loading", modules=(r"transformers/cli/serving/model_manager\.py$",),
+                       functions=(r"ModelManager\.load\w*", r"ModelManager\._load\w*"), detail="transformers"),
+        StackSignature("idle in the batching loop", "idle", modules=(r"transformers/generation/continuous_batching/",),
+                       functions=(r"\w*\._generation_loop_body", r"\w*\._run_generation_loop"),
+                       detail="continuous batching"),
+        StackSignature("inference thread idle", "idle", modules=(r"transformers/cli/serving/utils\.py$",),
+                       functions=("InferenceThread._run",)),
+    )
     probe_path = "/health"
     stream_extras: dict[str, Any] = {}  # stream_options is ignored with a warning; usage always rides the last chunk
     accepts_ignore_eos = False  # HTTP 422 "Unexpected fields in the request"

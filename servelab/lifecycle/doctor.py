@@ -10,6 +10,11 @@ What it still cannot see it says: without a pid there are no process counters; w
 window it only knows when the log was last written, so a stall is declared when the log has been silent for the
 phase's budget *and* nothing moved during the window (the assumption is named in the evidence); without a log the
 window alone must cover the budget.
+
+With a live pid it also reads the stacks of the whole process tree (lifecycle/stacks/), in a thread alongside the
+window and spread over it, so they cost next to no time: each process's activity ("TP3 scheduler: in all_reduce,
+stack unchanged for 3.0 s") and the tree's in one line, which a stalled or loading verdict names in its evidence
+(`stacks`), and a stall in its reason. `stacks=False` skips them; `raw_stacks` adds the dumps as text.
 """
 
 from __future__ import annotations
@@ -17,8 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,10 +38,12 @@ from servelab.lifecycle.observe import StartupObserver
 from servelab.lifecycle.phases import LogTailer, PhaseTracker
 from servelab.lifecycle.probe import PROBE_TIMEOUT_S, http_get
 from servelab.lifecycle.readback import lint_all, log_lines_for_lint, read_runtime_config
-from servelab.records import Diagnosis, Verdict
+from servelab.lifecycle.stacks import read_stacks
+from servelab.records import Diagnosis, StackReport, Verdict
 
-PY_SPY_INSTALL = "pip install py-spy (then run as root or with ptrace permission)"
-STACKS_MAX_PROCESSES = 9  # the root and 8 ranks
+STACK_SAMPLES = 3
+STACK_MAX_INTERVAL_S = 1.5
+STACK_DEADLINE_S = 10.0  # all samples of every process, whatever the window
 NO_LOG_PHASE = "unknown (no log)"  # the phase when there is no log to read it from
 MODELS_PATH = "/v1/models"
 _SPEED = re.compile(r"--speed[= ](\d+(?:\.\d+)?)")
@@ -49,7 +55,8 @@ class _Generic(EngineAdapter):
 
 
 def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None = None, engine: str | None = None,
-             seconds: float = 3.0, interval_s: float = 0.5, stacks: bool = False) -> Diagnosis:
+             seconds: float = 3.0, interval_s: float = 0.5, stacks: bool = True, raw_stacks: bool = False
+             ) -> Diagnosis:
     if pid is None and log is None and url is None:
         raise UserError("doctor needs at least one of --pid, --log, --url")
     if log is not None and not Path(log).is_file():
@@ -96,6 +103,9 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
         tailer = LogTailer(Path(log), start_offset=os.stat(log).st_size)
         notes.append(f"log last written {log_age_s:.0f} s ago")
 
+    stack_reader = _StackReader(live_pid, adapter, seconds, raw_stacks) if stacks and live_pid is not None else None
+    if stacks and live_pid is None and raw_stacks:
+        notes.append("--stacks needs a live process (--pid, or a local URL whose listener can be found)")
     sampler = EvidenceSampler(live_pid, Path(log) if log else None)
     before = -(log_age_s or 0.0)  # assumed: nothing moved between the last log write and the window
     judge = StartupJudge(adapter, None, None, t0_s=before)
@@ -112,6 +122,8 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
                 probe_state, probe_status = _probe(adapter, url)
             observer.sample(now, probe_state, phase=None if log is not None else NO_LOG_PHASE)
             if live_pid is not None and not _alive(live_pid):
+                if stack_reader is not None:
+                    stack_reader.result()  # its py-spy runs end within their deadline; nothing left behind
                 return _gone(adapter, live_pid, log, url, samples=sampler.samples)
             if probe_state == "ready" or now >= seconds:
                 break  # a ready answer is the verdict: no need to watch the rest of the window
@@ -160,14 +172,46 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
     config = read_runtime_config(url, adapter) if url and probe_state not in (None, "down") else None
     lint = lint_all(adapter, EngineSpec(engine=adapter.name, model="-"), cmdline or [], config,
                     log_lines_for_lint(Path(log)) if log else [])
-    stack_text = None
-    if stacks:
-        stack_text, note = py_spy_dump(live_pid, sampler)
-        if note:
-            notes.append(note)
+    report = stack_reader.result() if stack_reader is not None else None
+    if report is not None:
+        name_the_stacks(verdict, report)
     return Diagnosis(engine=adapter.name if not isinstance(adapter, _Generic) else None, pid=pid or live_pid,
                      log_path=str(log) if log else None, url=url, verdict=verdict, phases=tracker.phases,
-                     samples=sampler.samples, lint=lint, stacks=stack_text, notes=notes)
+                     samples=sampler.samples, lint=lint, stacks=report.raw if report is not None else None,
+                     stack_report=report, notes=notes)
+
+
+class _StackReader:
+    """read_stacks in a thread, its samples spread over doctor's window so that it adds next to no time."""
+
+    def __init__(self, pid: int, adapter: EngineAdapter, window_s: float, raw: bool) -> None:
+        interval = max(0.2, min(STACK_MAX_INTERVAL_S, window_s / (STACK_SAMPLES - 1)))
+        self._report: StackReport | None = None
+        self._thread = threading.Thread(target=self._read, args=(pid, adapter, interval, raw), name="stacks",
+                                        daemon=True)
+        self._thread.start()
+
+    def _read(self, pid: int, adapter: EngineAdapter, interval: float, raw: bool) -> None:
+        self._report = read_stacks(pid, None if isinstance(adapter, _Generic) else adapter, samples=STACK_SAMPLES,
+                                   interval_s=interval, deadline_s=STACK_DEADLINE_S, raw=raw)
+
+    def result(self) -> StackReport:
+        self._thread.join(STACK_DEADLINE_S + 5.0)
+        return self._report or StackReport(unavailable="the stacks were not read in time",
+                                           summary="the stacks were not read in time")
+
+
+def name_the_stacks(verdict: Verdict, report: StackReport) -> None:
+    """A stalled or loading verdict says what the stacks showed: in its evidence, and at the end of a stall's
+    reason (the stall is judged by the counters; the stacks say where it stands)."""
+    if verdict.state not in ("stalled", "loading"):
+        return
+    said = report.summary or report.unavailable
+    if not said:
+        return
+    verdict.evidence["stacks"] = said
+    if verdict.state == "stalled" and report.unavailable is None:
+        verdict.reason = f"{verdict.reason.rstrip('.')}; the stacks: {said}"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -371,21 +415,3 @@ def _no_such_process(pid: int) -> Diagnosis:
                              f"reaped it (give --log to tell which, --url to ask the server itself)",
                       evidence={"pid": pid})
     return Diagnosis(pid=pid, verdict=verdict)
-
-
-def py_spy_dump(pid: int | None, sampler: EvidenceSampler) -> tuple[str | None, str | None]:
-    """Python stacks of the process and its children (`py-spy dump`), or a note saying why there are none."""
-    if pid is None:
-        return None, "--stacks needs --pid"
-    py_spy = shutil.which("py-spy")
-    if py_spy is None:
-        return None, f"py-spy is not installed: {PY_SPY_INSTALL}"
-    pids = [p.pid for p in sampler.tree()][:STACKS_MAX_PROCESSES] or [pid]
-    parts = []
-    for member in pids:
-        try:
-            done = subprocess.run([py_spy, "dump", "--pid", str(member)], capture_output=True, text=True, timeout=30)
-            parts.append(f"--- pid {member} ---\n" + (done.stdout or done.stderr).strip())
-        except (OSError, subprocess.SubprocessError) as exc:
-            parts.append(f"--- pid {member} --- py-spy failed: {exc}")
-    return "\n".join(parts), None

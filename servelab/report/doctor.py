@@ -6,8 +6,10 @@ from typing import Any
 
 from rich.console import Console
 
+from servelab.lifecycle.stacks import stack_lines
 from servelab.records import Diagnosis
 from servelab.report.tables import human_bytes
+from servelab.textsafe import inert
 
 _STYLE = {"starting": "dim", "loading": "cyan", "ready": "green", "stalled": "bold red", "crashed": "bold red",
           "not running": "bold red", "no such process": "bold red"}
@@ -64,5 +66,10 @@ def render_diagnosis(console: Console, d: Diagnosis) -> None:
                       highlight=False)
     for note in d.notes:
         console.print(f"  note: {note}", markup=False, highlight=False)
+    if d.stack_report is not None:
+        lines = stack_lines(d.stack_report)
+        console.print(f"  {'stacks':{_LABEL_WIDTH}} {inert(lines[0])}", markup=False, highlight=False)
+        for line in lines[1:]:
+            console.print(f"    {inert(line)}", markup=False, highlight=False)
     if d.stacks:
-        console.print(d.stacks, markup=False, highlight=False)
+        console.print(inert(d.stacks, multiline=True), markup=False, highlight=False)

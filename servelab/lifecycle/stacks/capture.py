@@ -48,6 +48,7 @@ class Dump:
     final: bool = False  # the error will not change with another try (not permitted, not Python, gone)
     native: bool = True  # native frames were read (False: the --nonblocking fallback)
     raw: str = ""  # py-spy's JSON as printed
+    cpu_s: float | None = None  # the process's CPU time (user + system) when dumped
 
 
 @dataclass
@@ -137,6 +138,11 @@ def dump_process(binary: str, pid: int, timeout_s: float) -> Dump:
         if fallback.error is None:
             dump = fallback
     dump.t_s = t
+    try:
+        times = psutil.Process(pid).cpu_times()
+        dump.cpu_s = times.user + times.system
+    except psutil.Error:
+        pass
     return dump
 
 
@@ -199,7 +205,7 @@ def explain_failure(pid: int, stderr: str) -> tuple[str, bool]:
     if ("Check that the process is running" in text or "No such process" in text or "ESRCH" in text
             or not psutil.pid_exists(pid)):
         return f"pid {pid} has exited", True
-    if "Failed to suspend process" in text or "Failed to get stack traces" in text and "waitpid" in text:
+    if "Failed to suspend process" in text or ("Failed to get stack traces" in text and "waitpid" in text):
         return f"{_CANNOT_PAUSE} pid {pid} (stopped or traced)", False
     first = next((ln.strip() for ln in text.splitlines() if ln.strip() and "backtrace" not in ln.lower()), "")
     return f"py-spy failed on pid {pid}: {first.removeprefix('Error: ')[:200] or 'no message'}", False

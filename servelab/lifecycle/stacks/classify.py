@@ -30,6 +30,7 @@ class ThreadActivity:
     kind: str
     detail: str | None = None
     engine: bool = False  # named by an engine signature
+    native_work: bool = False  # the signature says native threads do the work unseen (its CPU time tells)
     frame_index: int | None = None  # the frame that named it (innermost first), for "did it move"
 
     @property
@@ -46,6 +47,12 @@ def classify_thread(thread: ThreadStack, engine_signatures: Sequence[StackSignat
                 and generic.frame_index < engine.frame_index):
             return ThreadActivity(generic.activity, "collective", _with_library(thread, generic.detail),
                                   engine=True, frame_index=generic.frame_index)
+        if (engine.kind == generic_kind(generic) == "loading" and generic is not None
+                and generic.frame_index is not None and engine.frame_index is not None
+                and generic.frame_index < engine.frame_index):
+            # the engine's loader, reading through a format the generic signatures name (safetensors)
+            return ThreadActivity(engine.activity, "loading", generic.detail or engine.detail, engine=True,
+                                  frame_index=generic.frame_index)
         return engine
     if generic is not None:
         if generic.kind == "collective":
@@ -62,6 +69,10 @@ def classify_thread(thread: ThreadStack, engine_signatures: Sequence[StackSignat
     return ThreadActivity(f"waiting in {function}", "waiting", frame_index=index)
 
 
+def generic_kind(activity: ThreadActivity | None) -> str | None:
+    return activity.kind if activity is not None else None
+
+
 def _first_match(thread: ThreadStack, signatures: Sequence[StackSignature], *, engine: bool
                  ) -> ThreadActivity | None:
     modules = [f.module for f in thread.frames]
@@ -70,7 +81,8 @@ def _first_match(thread: ThreadStack, signatures: Sequence[StackSignature], *, e
             if signature.matches(frame.function, frame.module, frame.native) and signature.within_matches(
                     modules[:index] + modules[index + 1:]):
                 activity, detail = signature.named(frame.function)
-                return ThreadActivity(activity, signature.kind, detail, engine=engine, frame_index=index)
+                return ThreadActivity(activity, signature.kind, detail, engine=engine, frame_index=index,
+                                      native_work=signature.native_work)
     return None
 
 
@@ -78,9 +90,7 @@ def _with_library(thread: ThreadStack, detail: str | None) -> str | None:
     """A collective's detail with the library its native frames show (NCCL, Gloo), where they show one."""
     text = " ".join(f"{f.function} {f.module or ''}" for f in thread.frames if f.native).lower()
     library = "NCCL" if "nccl" in text else "Gloo" if "gloo" in text else None
-    if library is None:
-        return detail
-    return f"{detail}, {library}" if detail else library
+    return library or detail
 
 
 def telling_thread(threads: Sequence[ThreadStack], engine_signatures: Sequence[StackSignature] = ()

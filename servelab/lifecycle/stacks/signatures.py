@@ -29,8 +29,8 @@ COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "broadcast", "broadcast_obj
 
 GENERIC_SIGNATURES: tuple[StackSignature, ...] = (
     # Collectives, by torch.distributed's Python function, or NCCL's and Gloo's own native frames.
-    StackSignature("in {function}", "collective", functions=COLLECTIVES, modules=_C10D, detail="{function}"),
-    StackSignature("in {function}", "collective", functions=(r"nccl[A-Z]\w*",), native=True, detail="{function}"),
+    StackSignature("in {function}", "collective", functions=COLLECTIVES, modules=_C10D, detail="torch.distributed"),
+    StackSignature("in {function}", "collective", functions=(r"nccl[A-Z]\w*",), native=True, detail="NCCL"),
     StackSignature("in distributed init ({function})", "waiting", modules=_C10D,
                    functions=("init_process_group", "new_group", "_store_based_barrier", "_new_process_group_helper",
                               "split_group", "new_subgroups")),

@@ -26,6 +26,11 @@ from servelab.redaction import redact_command, redact_text
 from servelab.textsafe import inert
 
 
+# A process whose Python thread only parks while native threads work (llama.cpp's server) is busy when it used at
+# least this much CPU during the capture (100 = one core): a parked server uses next to none.
+NATIVE_BUSY_CPU_PERCENT = 20.0
+
+
 def summarize(capture: Capture, engine_signatures: Sequence[StackSignature] = (), *, interval_s: float | None = None,
               raw: bool = False) -> StackReport:
     report = StackReport(tool=capture.tool, samples=capture.samples, interval_s=interval_s,
@@ -79,7 +84,16 @@ def process_stacks(pid: int, command: list[str], dumps: list[Dump], engine_signa
         while start > 0 and keys[start - 1][1] == keys[-1][1]:
             start -= 1
         proc.unchanged_s = round(keys[-1][0] - keys[start][0], 1)
-    proc.line = f"{who}: {inert(activity.phrase)}{_motion(proc)}"
+    cpu = [(d.t_s, d.cpu_s) for d in read if d.cpu_s is not None]
+    if len(cpu) > 1 and cpu[-1][0] > cpu[0][0]:
+        proc.cpu_percent = round(100.0 * (cpu[-1][1] - cpu[0][1]) / (cpu[-1][0] - cpu[0][0]), 1)
+    phrase = activity.phrase
+    if activity.native_work and proc.cpu_percent is not None and proc.cpu_percent >= NATIVE_BUSY_CPU_PERCENT:
+        proc.kind = "busy"
+        proc.activity = "busy in native threads"
+        proc.detail = f"{proc.cpu_percent:.0f} % CPU; {inert(activity.activity)} in Python"
+        phrase = f"{proc.activity} ({proc.detail})"
+    proc.line = f"{who}: {inert(phrase)}{_motion(proc)}"
     if not read[-1].native:
         proc.line += " (Python frames only: the process could not be paused)"
     return proc, role.rank
@@ -125,22 +139,30 @@ def verdict(processes: Sequence[ProcessStacks], ranks: dict[int, int]) -> tuple[
         return _groups(procs, ranks if ranked else {})
 
     def count(procs: Sequence[ProcessStacks]) -> str:
+        if total == 1 and len(procs) == 1:
+            return procs[0].role or f"pid {procs[0].pid}"
         return f"{len(procs)} of {total} {noun}"
+
+    def described(procs: Sequence[ProcessStacks]) -> str:
+        """"4 of 4 ranks running a batch" when they all do one thing, else each group by what it does."""
+        if len({_phrase(p) for p in procs}) == 1:
+            return f"{count(procs)} {_phrase(procs[0])}"
+        return groups(procs)
 
     collective = [p for p in principal if p.kind == "collective"]
     if collective:
-        described = groups(principal)
+        disagreeing = groups(principal)
         still = all(p.moving is False for p in collective)
         names = {p.activity for p in collective}
         window = max(p.unchanged_s or 0.0 for p in collective)
         if still and (len(names) > 1 or len(collective) < len(principal)):
-            return "deadlock", (f"{described}: {noun} disagree on the collective (stacks unchanged for {window:.1f} s): "
+            return "deadlock", (f"{disagreeing}: {noun} disagree on the collective (stacks unchanged for {window:.1f} s): "
                                 "a likely deadlock")
         if still:
             return "deadlock", (f"{count(collective)} {collective[0].activity}, stacks unchanged for {window:.1f} s: "
                                 "all wait in the same collective for a peer that never joins: a likely deadlock")
         if any(p.moving for p in collective):
-            return "busy", f"{described}, stacks moving: busy"
+            return "busy", f"{described(principal)}, stacks moving: busy"
     loading = [p for p in principal if p.kind == "loading"]
     if loading:
         what = _common_phrase(loading)
@@ -154,17 +176,17 @@ def verdict(processes: Sequence[ProcessStacks], ranks: dict[int, int]) -> tuple[
     busy = [p for p in principal if p.kind == "busy"]
     if busy:
         if all(p.moving is False for p in busy):
-            return "stuck", (f"{groups(principal)}, stacks unchanged for "
+            return "stuck", (f"{described(principal)}, stacks unchanged for "
                              f"{max(p.unchanged_s or 0.0 for p in busy):.1f} s: stuck (on CPU in the same place)")
         motion = ", stacks moving" if any(p.moving for p in busy) else ""
-        return "busy", f"{groups(principal)}{motion}: busy"
+        return "busy", f"{described(principal)}{motion}: busy"
     if all(p.kind == "idle" for p in principal):
         return "idle", f"{count(principal)} {_common_phrase(principal)}: idle (a ready server waiting for requests)"
     waiting = [p for p in principal if p.kind != "idle"]
     if all(p.moving is False for p in waiting):
         window = max(p.unchanged_s or 0.0 for p in waiting)
-        return "stuck", f"{groups(principal)}, stacks unchanged for {window:.1f} s: stuck (waiting, not idle)"
-    return "unknown", f"{groups(principal)}" + (", stacks moving" if any(p.moving for p in waiting) else "")
+        return "stuck", f"{described(principal)}, stacks unchanged for {window:.1f} s: stuck (waiting, not idle)"
+    return "unknown", f"{described(principal)}" + (", stacks moving" if any(p.moving for p in waiting) else "")
 
 
 def _phrase(p: ProcessStacks) -> str:

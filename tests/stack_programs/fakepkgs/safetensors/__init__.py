@@ -1,0 +1,1 @@
+"""A stand-in for safetensors in stack tests."""

@@ -1,0 +1,1 @@
+"""A stand-in for torch in stack tests: only torch.distributed's collectives, as blocking waits."""
