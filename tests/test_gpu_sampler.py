@@ -188,3 +188,43 @@ def test_the_file_is_gzip_json_lines(nvml, tmp_path):
     with gzip.open(sampler.path, "rt") as fh:
         lines = fh.read().splitlines()
     assert all(line.startswith("{") for line in lines)
+
+
+def gpu_check():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_gpu_check", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_windows(readings):
+    """The double's series: idle 0-4 s, load 4-16 s, idle 16-20 s (ticks every 0.25 s from 0.25 s)."""
+    start = Clock().start
+    at = lambda s: start + int(s * 1e9)  # noqa: E731
+    return (at(0.0), at(1.75)), (at(5.0), at(15.0)), (at(17.0), at(20.0))
+
+
+def test_gpu_check_passes_on_a_series_that_did_the_work(nvml, tmp_path):
+    sampler, readings = driven(nvml, tmp_path, ticks=80)
+    sampler.stop()
+    before, load, after = check_windows(readings)
+    checks, seen = gpu_check().evaluate(list(iter_readings(sampler.path)), 0, before, load, after,
+                                        load_bytes=120 * 2**30)
+    assert [c.name for c in checks if not c.ok] == []
+    assert [c.name for c in checks] == ["readings", "power", "energy", "sm_activity", "memory"]
+    power = [f["gpus"][0]["power_w"] for f in series()["series"]]
+    assert seen["energy_j"] == pytest.approx(sum(power[5:15]), abs=0.01)  # 5 s .. 15 s, 1 s per keyframe
+
+
+def test_gpu_check_fails_without_an_energy_counter_or_the_memory(nvml, tmp_path):
+    sampler, readings = driven(nvml, tmp_path, ticks=80, energy=False)
+    sampler.stop()
+    before, load, after = check_windows(readings)
+    checks, _ = gpu_check().evaluate(readings, 0, before, load, after, load_bytes=200 * 2**30)
+    failed = {c.name: c.detail for c in checks if not c.ok}
+    assert failed.keys() == {"energy", "memory"} and failed["energy"] == "no energy counter read"
