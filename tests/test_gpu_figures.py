@@ -340,8 +340,10 @@ def test_pooled_trials_equal_the_figures_of_their_windows_concatenated() -> None
 def test_pooling_keeps_only_measured_trials_and_one_trial_is_itself() -> None:
     a = summary_of(series())
     missing = not_measured("no GPU reading inside the level's 0.1 s window (sampling every 0.25 s)")
-    pooled = pool_gpu([a, missing])
-    assert pooled == a  # one measured trial: that trial
+    assert pool_gpu([a]) == a  # one trial: that trial
+    pooled = pool_gpu([a, missing])  # one measured trial: its figures, and a note of the other
+    assert pooled.model_copy(update={"notes": a.notes}) == a
+    assert pooled.notes[-1] == "1 of 2 trials had no GPU figures: pooled over the other 1"
     both_missing = pool_gpu([missing, missing])
     assert not both_missing.measured and both_missing.reason.endswith("(in every trial)")
     assert pool_gpu([a, a, missing]).notes[-1] == "1 of 3 trials had no GPU figures: pooled over the other 2"

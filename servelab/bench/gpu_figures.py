@@ -497,14 +497,18 @@ def _contention(mine: Sequence[GpuDeviceSummary], window_s: float, by_engine: bo
 
 def pool_gpu(summaries: Sequence[GpuSummary]) -> GpuSummary:
     """One level's GPU figures over several trials (docs/metrics.md#gpu-trials): the measured trials' sums, the
-    figures recomputed as if their windows were one. With one measured trial, that trial."""
+    figures recomputed as if their windows were one. With one measured trial, that trial (and a note of the
+    others)."""
     measured = [s for s in summaries if s.measured]
     if not measured:
         first = summaries[0].reason if summaries else None
         return not_measured(f"{first or 'no GPU telemetry'} (in every trial)" if len(summaries) > 1
                             else first or "no GPU telemetry source")
+    left_out = (f"{len(summaries) - len(measured)} of {len(summaries)} trials had no GPU figures: pooled over the "
+                f"other {len(measured)}")
     if len(measured) == 1:
-        return measured[0]
+        only = measured[0]
+        return only if len(summaries) == 1 else only.model_copy(update={"notes": [*only.notes, left_out]})
     by_gpu: dict[int, list[tuple[GpuDeviceSummary, float]]] = {}
     for s in measured:
         for g in s.gpus:
@@ -522,8 +526,7 @@ def pool_gpu(summaries: Sequence[GpuSummary]) -> GpuSummary:
         reasons=list(dict.fromkeys(r for s in measured for r in s.reasons)),
         notes=list(dict.fromkeys(n for s in measured for n in s.notes)))
     if len(measured) < len(summaries):
-        summary.notes.append(f"{len(summaries) - len(measured)} of {len(summaries)} trials had no GPU figures: "
-                             f"pooled over the other {len(measured)}")
+        summary.notes.append(left_out)
     return _totals(summary)
 
 
