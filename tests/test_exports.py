@@ -224,7 +224,11 @@ def test_record_and_level_columns_keep_their_order_and_append_the_new_ones() -> 
     assert LEVEL_COLUMNS[len(OLD_LEVEL_COLUMNS):] == (
         ["answer_tok_s", "reasoning_share", "cache_hit_ratio"]
         + [f"{name}_{stat}" for name in ["answer_tokens", "reasoning_tokens", "cached_tokens", "ttft_cached_ms",
-                                         "ttft_uncached_ms"] for stat in STATS])
+                                         "ttft_uncached_ms"] for stat in STATS]
+        # what the GPUs did (docs/metrics.md#gpu): the GPU figures, then the level's GPU summary
+        + ["j_per_output_token", "j_per_answer_token", "output_tokens_per_j", "gpu_power_w_mean",
+           "gpu_sm_active_pct_mean", "gpu_idle_share", "gpu_measured", "gpu_reason", "gpu_source", "gpu_energy_j",
+           "gpu_power_w_max", "gpu_contended", "gpu_count"])
     assert len(set(RECORD_COLUMNS)) == len(RECORD_COLUMNS) and len(set(LEVEL_COLUMNS)) == len(LEVEL_COLUMNS)
 
 

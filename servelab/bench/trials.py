@@ -8,7 +8,10 @@ definitions as one trial's (docs/metrics.md#trials).
   computed over the requests of every trial together, exactly as bench/metrics.summarize computes them over one
   level's requests; aggregate rates (output tok/s, requests/s) are the tokens (requests) counted inside the
   trials' measurement windows over the windows' total length, i.e. the window-weighted mean of the trials' rates.
-  A trial whose level was not measured (too short for a steady state) contributes no rate.
+  A trial whose level was not measured (too short for a steady state) contributes no rate. What the GPUs did
+  (docs/metrics.md#gpu-trials) pools as if the trials' windows were one: energies and token counts summed, the
+  figures per token recomputed from the sums (bench/gpu_figures.py `pool_gpu`), over the trials whose GPU
+  figures were measured.
 
 With one trial, everything here returns that trial unchanged.
 """
@@ -145,7 +148,21 @@ def pool_level(levels: Sequence[Summary], records: Sequence[RequestRecord] | Lev
     pooled.warnings = _merged_warnings(levels, trials)
     pooled.requests = sum(s.requests for s in levels)
     pooled.cancelled = sum(s.cancelled for s in levels)
+    pool_gpu_figures(pooled, levels)
     return pooled
+
+
+def pool_gpu_figures(pooled: Summary, levels: Sequence[Summary]) -> None:
+    """The GPU summary and figures of one tag's levels over several trials (docs/metrics.md#gpu-trials); nothing
+    when no trial's level has a GPU summary (files from before GPU telemetry)."""
+    from servelab.bench.gpu_figures import gpu_level_figures, pool_gpu
+
+    summaries = [s.gpu for s in levels if s.gpu is not None]
+    if not summaries:
+        return
+    pooled.gpu = pool_gpu(summaries)
+    output = pooled.figures.get("output_tok_s")
+    pooled.figures.update(gpu_level_figures(pooled.gpu, counted_by=output.counted_by if output else None))
 
 
 def _merged_warnings(levels: Sequence[Summary], trials: Sequence[int]) -> list[str]:

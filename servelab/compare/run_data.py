@@ -8,6 +8,7 @@ another to name it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from servelab.bench.trials import clean_trials, is_contended
@@ -37,6 +38,7 @@ class RunData(Steps):
     excluded: list[int] = field(default_factory=list)  # contended trials left out
     experiment_id: str | None = None  # runs of one experiment ran interleaved: their trials pair by index
     peer: Any = None  # a PeerInfo (compare/peers) when the run is another tool's result file
+    run_dir: Path | None = None  # its run directory, where it still is (the report reads its GPU series there)
 
     @property
     def serious(self) -> list[LintFinding]:

@@ -22,7 +22,7 @@ from servelab.store.read import OpenedRun, open_run, open_run_dir
 
 
 def from_summary(summary: RunSummary, records: Iterable[RequestRecord], name: str | None, ref: str,
-                 experiment_id: str | None = None) -> RunData:
+                 experiment_id: str | None = None, run_dir: Path | None = None) -> RunData:
     # The one place a run's records are held in a list: every figure, interval and resample goes over them again
     # and again (records_of per level and trial), so they are read from the stream once, here.
     records = list(records)
@@ -32,7 +32,7 @@ def from_summary(summary: RunSummary, records: Iterable[RequestRecord], name: st
                    headline=run_headline(steps) if counted else dict(summary.headline), records=records,
                    launch=summary.launch, verify=summary.verify, provenance=summary.provenance,
                    error=summary.error, trials=list(summary.trials), counted=[t.index for t in counted],
-                   excluded=[t.index for t in excluded], experiment_id=experiment_id)
+                   excluded=[t.index for t in excluded], experiment_id=experiment_id, run_dir=run_dir)
 
 
 def literal_run(name: str, figures: dict[str, float]) -> RunData:
@@ -52,8 +52,9 @@ def run_data(opened: OpenedRun, name: str | None = None) -> RunData:
         return RunData(name=name or opened.cell_name or Path(opened.ref).name, ref=opened.ref,
                        status="interrupted" if summary.interrupted else "complete", steps=steps,
                        headline=dict(summary.headline), records=list(opened.records),
-                       trials=[Trial(index=0, steps=steps)])
-    return from_summary(summary, opened.records, name or opened.cell_name, opened.ref, opened.experiment_id)
+                       trials=[Trial(index=0, steps=steps)], run_dir=opened.run_dir)
+    return from_summary(summary, opened.records, name or opened.cell_name, opened.ref, opened.experiment_id,
+                        opened.run_dir)
 
 
 def load_run_dir(path: Path) -> RunData:

@@ -350,7 +350,12 @@ def goodput_vs_rate(runs: list[RunData]) -> Chart:
 
 
 def all_charts(runs: list[RunData]) -> list[Chart]:
+    from servelab.report.gpu_charts import gpu_timelines, tokens_per_joule_vs_concurrency
+
+    labels = run_labels(runs)
     charts = [throughput_vs_concurrency(runs), ttft_vs_throughput(runs), itl_vs_throughput(runs),
               ttft_distribution(runs), itl_distribution(runs), ttft_by_turn(runs), goodput_vs_rate(runs),
-              startup_timeline(runs)]
+              tokens_per_joule_vs_concurrency(runs, labels, RUN_COLORS), startup_timeline(runs)]
+    for i, run in enumerate(runs):  # what the GPUs did over time, run by run (docs/metrics.md#gpu)
+        charts += gpu_timelines(run, labels[i], i)
     return [c for c in charts if any((t.get("x") or t.get("y")) for t in c["data"])]

@@ -119,7 +119,7 @@ def render_runs(console: Console, rows: list[RunRow]) -> None:
 
 def render_show(console: Console, run) -> None:
     """`servelab show RUN`: one run, as `servelab run` printed it."""
-    from servelab.report.terminal import render_checks, render_headline, render_levels, render_lint
+    from servelab.report.terminal import render_checks, render_gpu, render_headline, render_levels, render_lint
 
     console.rule(inert_markup(f"run {run.ref}" + (f" (cell {run.name})" if run.name != run.ref else "")
                               + f": {run.status}"))
@@ -132,7 +132,8 @@ def render_show(console: Console, run) -> None:
     if run.verify is not None:
         render_checks(console, run.verify)
     for bench in run.benches:
-        render_levels(console, bench)
+        render_levels(console, bench, gpu=False)
+    render_gpu(console, [s for bench in run.benches for s in bench.levels])  # once: one line when not measured
     render_headline(console, run.headline, title="headline", not_representative=bool(run.serious))
     if run.peer is not None:  # another tool's result file (compare/peers)
         peer = run.peer

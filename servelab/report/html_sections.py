@@ -8,7 +8,7 @@ from typing import Any
 from servelab.compare.compare import Comparison, fmt_ratio
 from servelab.compare.run_data import RunData
 from servelab.report.tables import human_bytes
-from servelab.report.terminal import COUNTED_BY_WORDS, figure_label, fmt, sent_cell
+from servelab.report.terminal import COUNTED_BY_WORDS, figure_label, fmt, gpu_reason, sent_cell, sig
 from servelab.textsafe import visible
 
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise", "no interval": "warn",
@@ -114,6 +114,7 @@ def run_section(run: RunData, answers: list[str]) -> str:
             ["trial", "", "step", "level", "ok/sent", "output tok/s", "decode tok/s p50", "TTFT ms p50", "TTFT p99",
              "ITL ms p50", "ITL p99", "window s", "machine"], levels, numeric=set(range(4, 12))))
     parts.append(reasoning_table(trials))
+    parts.append(gpu_table(trials))
     if run.launch is not None:
         phases = [[e(p.name), e(fmt(p.start_s, 2)), e(fmt(p.end_s, 2)), e(p.detail)] for p in run.launch.phases]
         parts.append(f"<h3>Start-up</h3><p>{e(run.launch.engine)}: {e(run.launch.verdict.state)} "
@@ -175,3 +176,36 @@ def reasoning_table(trials: list) -> str:
     return "<h3>Reasoning and answer tokens</h3>" + _table(
         ["trial", "level", "reasoning tok/req (mean)", "p50", "answer tok/req (mean)", "p50", "reasoning share",
          "answer tok/s", "output tok/s", "TTFO ms p50"], rows, numeric=set(range(2, 10)))
+
+
+def gpu_table(trials: list) -> str:
+    """What the GPUs did per level, trial by trial (docs/metrics.md#gpu): energy per token, tokens per joule,
+    power and SM activity over the engine's GPUs. One line saying why when no level was measured; "" for levels
+    from before GPU telemetry."""
+    levels = [(trial.index, step.name, s) for trial in trials for step in trial.steps for s in step.result.levels
+              if s.gpu is not None]
+    measured = [(i, name, s) for i, name, s in levels if s.gpu.measured]
+    if not measured:
+        if not levels:
+            return ""
+        reasons = dict.fromkeys(gpu_reason(s.gpu.reason) for _, _, s in levels)
+        return f"<h3>GPUs</h3><p class=\"dim\" id=\"gpu-not-measured\">GPU: not measured: {e('; '.join(reasons))}</p>"
+    rows = []
+    for index, name, s in levels:
+        g = s.gpu
+        if not g.measured:
+            rows.append([e(index + 1), e(name), e(s.tag), f"<span class=\"dim\">not measured: "
+                                                          f"{e(gpu_reason(g.reason))}</span>"] + [""] * 8)
+            continue
+        state = ("<span class=\"warn\">contended: " + e("; ".join(g.reasons)) + "</span>" if g.contended
+                 else e(g.source))
+        rows.append([e(index + 1), e(name), e(s.tag), e(sig(g.j_per_output_token)), e(sig(g.j_per_answer_token)),
+                     e(sig(g.output_tokens_per_j)), e(fmt(g.power_w_mean, 0)), e(fmt(g.power_w_max, 0)),
+                     e(fmt(g.sm_active_pct_mean, 0)), e("–" if g.idle_share is None else f"{g.idle_share * 100:.0f} %"),
+                     e(sum(1 for d in g.gpus if d.engine))])
+        rows[-1].append(state)
+    notes = dict.fromkeys(n for _, _, s in measured for n in s.gpu.notes)
+    return ("<h3>GPUs</h3>" + _table(["trial", "step", "level", "J/token (output)", "J/token (answer)", "tok/J",
+                                     "power W mean", "power W peak", "SM activity %", "idle", "GPUs", "source"],
+                                    rows, numeric=set(range(3, 11)))
+            + "".join(f"<p class=\"dim\">{e(n)}</p>" for n in notes))

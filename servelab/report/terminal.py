@@ -8,7 +8,7 @@ from rich.text import Text
 from servelab.bench.failures import error_line
 from servelab.bench.figures import LEVEL_FIGURES, TerminalColumn
 from servelab.records import BenchResult, Figure, LintFinding, Summary, VerifyResult
-from servelab.report.tables import Col, key_col, print_table, text_col
+from servelab.report.tables import Col, human_bytes, key_col, print_table, text_col
 from servelab.textsafe import inert
 
 _OUTCOME_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
@@ -68,7 +68,9 @@ def figure_cell(fig: Figure | None, column: TerminalColumn) -> str:
     return fmt(getattr(fig.dist, column.stat), column.digits) if fig.dist is not None else "–"
 
 
-def render_levels(console: Console, result: BenchResult) -> None:
+def render_levels(console: Console, result: BenchResult, gpu: bool = True) -> None:
+    """The levels' table, then what else the levels say (warnings, the server's gauges, reasoning, cache, the GPUs:
+    `gpu=False` leaves them to the caller, who shows them once for several benches)."""
     rows = []
     for s in result.levels:
         rows.append([level_cell(s), sent_cell(s)]
@@ -80,6 +82,8 @@ def render_levels(console: Console, result: BenchResult) -> None:
     render_server_gauges(console, result.levels)
     render_reasoning(console, result.levels)
     render_cache(console, result.levels)
+    if gpu:
+        render_gpu(console, result.levels)
     if any(s.environment is not None and s.environment.contended for s in result.levels):
         console.print(Text(f"  {BUSY_MARK}: the machine was not quiet during the level (docs/metrics.md#contended);"
                            " why, in its warning below", style="yellow"))
@@ -136,11 +140,88 @@ def render_server_gauges(console: Console, levels: list[Summary]) -> None:
 
 
 BUSY_MARK = "⚠busy"
+GPU_MARK = "⚠gpu"  # another process on the engine's GPUs, throttling or an XID error (docs/metrics.md#gpu-contended)
 
 
 def level_cell(s: Summary) -> str:
-    """The level's tag, marked when the machine was contended during it (docs/metrics.md#contended)."""
-    return f"{s.tag} {BUSY_MARK}" if s.environment is not None and s.environment.contended else s.tag
+    """The level's tag, marked when the machine was contended during it (docs/metrics.md#contended) or its GPUs
+    were (docs/metrics.md#gpu-contended)."""
+    marks = [mark for mark, on in ((BUSY_MARK, s.environment is not None and s.environment.contended),
+                                   (GPU_MARK, s.gpu is not None and s.gpu.contended)) if on]
+    return " ".join([s.tag, *marks])
+
+
+def sig(value: float | None) -> str:
+    """A figure whose size is not known in advance (J/token is 0.05 on one GPU, 30 on another) with about three
+    significant digits, never in exponent notation: 1,234 / 45.6 / 3.16 / 0.0512."""
+    if value is None:
+        return "–"
+    size = abs(value)
+    if size >= 100:
+        return f"{value:,.0f}"
+    if size >= 10:
+        return f"{value:.1f}"
+    if size >= 1 or value == 0:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def gpu_reason(reason: str | None) -> str:
+    """A GPU summary's reason as shown after "not measured: "."""
+    return (reason or "unknown").removeprefix("not measured: ")
+
+
+def render_gpu(console: Console, levels: list[Summary]) -> None:
+    """What the GPUs did per level (docs/metrics.md#gpu): energy per token, tokens per joule, power and SM
+    activity summed over the engine's GPUs, then each GPU at the level of highest throughput. When no level was
+    measured, one line says why instead of a table of blanks; levels from before GPU telemetry say nothing."""
+    with_gpu = [s for s in levels if s.gpu is not None]
+    measured = [s for s in with_gpu if s.gpu.measured]
+    if not measured:
+        if with_gpu:
+            reasons = dict.fromkeys(gpu_reason(s.gpu.reason) for s in with_gpu)
+            console.print(Text(f"  GPU: not measured: {'; '.join(reasons)}", style="dim"))
+        return
+    answers = any(s.gpu.j_per_answer_token is not None and s.gpu.answer_tokens != s.gpu.output_tokens
+                  for s in measured)
+    rows = []
+    for s in measured:
+        g = s.gpu
+        rows.append([level_cell(s), sig(g.j_per_output_token)] + ([sig(g.j_per_answer_token)] if answers else [])
+                    + [sig(g.output_tokens_per_j), fmt(g.power_w_mean, 0), fmt(g.power_w_max, 0),
+                       fmt(g.sm_active_pct_mean, 0), _pct(g.idle_share), str(sum(1 for d in g.gpus if d.engine))])
+    cols = ([key_col("level"), Col("J/token\noutput")] + ([Col("J/token\nanswer")] if answers else [])
+            + [Col("tok/J"), Col("power W\nmean"), Col("power W\npeak"), Col("SM\nact. %"), Col("idle\n%"),
+               Col("GPUs")])
+    sources = dict.fromkeys(f"{s.gpu.source} every {s.gpu.interval_s:g} s" if s.gpu.interval_s else
+                            str(s.gpu.source) for s in measured)
+    print_table(console, inert(f"GPUs (the engine's, summed; {', '.join(sources)})"), cols, rows)
+    for s in with_gpu:
+        if not s.gpu.measured:
+            console.print(Text(f"  {s.tag} GPU: not measured: {inert(gpu_reason(s.gpu.reason))}", style="dim"))
+    top = max(measured, key=lambda s: _value(s.figures, "output_tok_s") or 0.0)
+    if len(top.gpu.gpus) > 1 or len(measured) == 1:
+        render_gpu_devices(console, top)
+    notes: dict[str, list[str]] = {}  # each note once, with the levels it holds for
+    for s in measured:
+        for note in s.gpu.notes:
+            notes.setdefault(note, []).append(s.tag)
+    for note, tags in notes.items():
+        where = "every level" if len(tags) == len(measured) > 1 else ", ".join(tags)
+        console.print(Text(f"  GPU note ({inert(where)}): {inert(note)}", style="dim"))
+
+
+def render_gpu_devices(console: Console, s: Summary) -> None:
+    """Each GPU of one level: power, SM activity, memory, throttling, temperature, other processes on it."""
+    rows = []
+    for d in s.gpu.gpus:
+        rows.append([str(d.gpu) + ("" if d.engine else " (not the engine's)"), fmt(d.power_w_mean, 0),
+                     fmt(d.power_w_max, 0), fmt(d.sm_active_pct_mean, 0), _pct(d.idle_share),
+                     human_bytes(d.mem_used_bytes_max), fmt(d.throttle_s, 1), fmt(d.temp_c_max, 0),
+                     ", ".join(str(p) for p in d.other_pids) or "–"])
+    print_table(console, inert(f"{s.tag}: per GPU" + (f" ({s.gpu.gpus[0].name})" if s.gpu.gpus[0].name else "")),
+                [key_col("GPU"), Col("power W\nmean"), Col("power W\npeak"), Col("SM\nact. %"), Col("idle\n%"),
+                 Col("memory\nmax"), Col("throttle\ns"), Col("temp\n°C max"), Col("other\npids")], rows)
 
 
 def environment_line(s: Summary) -> str | None:

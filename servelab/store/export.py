@@ -4,8 +4,12 @@
   `levels.json` the list of level Summaries, so either can be validated back into the same models.
 - CSV is for spreadsheets and pandas: `records.csv` has one row per request with its derived per-request
   quantities (TTFT, E2E, … computed by bench/metrics.py, the same functions the figures use), `levels.csv` one
-  row per level with each figure's value and distribution statistics. The column sets are fixed, so files from
-  different runs line up; a quantity a row does not have is an empty cell.
+  row per level with each figure's value and distribution statistics (the GPU figures among them). The column
+  sets are fixed, so files from different runs line up; a quantity a row does not have is an empty cell.
+- What the GPUs did (docs/metrics.md#gpu), where a level measured it: `gpus.csv` has one row per level and GPU
+  (Summary.gpu.gpus), and `gpu_series.csv` the run directory's GPU time series (host/gpu_telemetry/sampler.py),
+  one row per reading, streamed from the series files (never held whole). In JSON, `levels.json` carries each
+  level's `gpu` whole and `gpu_series.json` the readings.
 
 Works on any run directory, including an interrupted one (summary.json says so; a torn last line of
 records.jsonl is skipped) and one without summary.json (a run killed before it was written: records only).
@@ -20,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from servelab.bench import metrics
-from servelab.bench.figures import LEVEL_FIGURES
+from servelab.bench.figures import GPU_FIGURES, LEVEL_FIGURES
 from servelab.errors import UserError
+from servelab.host.gpu_telemetry.sampler import SERIES_FILE as GPU_SERIES_FILE
 from servelab.records import RequestRecord, Summary
 from servelab.store.files import ensure_output_dir, output_file, write_output
 from servelab.store.rundir import RecordsFile, records_file
@@ -43,10 +48,22 @@ RECORD_COLUMNS = [
 
 STATS = ["n", "mean", "min", "p50", "p90", "p95", "p99", "max"]
 # The figures with columns, in the order bench/figures.py places them (their `csv`).
-_CSV_FIGURES = sorted((f for f in LEVEL_FIGURES if f.csv is not None), key=lambda f: f.csv.position)
+_CSV_FIGURES = sorted((f for f in LEVEL_FIGURES + GPU_FIGURES if f.csv is not None), key=lambda f: f.csv.position)
 # The environment columns were appended after the figures levels.csv had then (positions up to this one); figures
 # added since come after them, so no column ever moves.
 _FIGURES_BEFORE_ENVIRONMENT = 13
+# Likewise the GPU summary's columns after the GPU figures (positions up to this one).
+_FIGURES_BEFORE_GPU = 27
+# What the GPUs did during the level beside its GPU figures (Summary.gpu): empty for a level without `gpu`;
+# gpu_measured false with gpu_reason when there was no telemetry.
+LEVEL_GPU = ["gpu_measured", "gpu_reason", "gpu_source", "gpu_energy_j", "gpu_power_w_max", "gpu_contended",
+             "gpu_count"]
+# One row per level and GPU (gpus.csv): GpuDeviceSummary's fields after the level's trial and tag.
+GPU_COLUMNS = ["trial", "tag", "gpu", "uuid", "name", "engine", "samples", "energy_j", "energy_from",
+               "power_w_mean", "power_w_max", "sm_active_pct_mean", "sm_source", "mem_used_bytes_mean",
+               "mem_used_bytes_max", "idle_share", "throttle_s", "temp_c_max", "xid_errors", "other_pids"]
+# The GPU time series (gpu_series.csv): one row per reading, GpuReading's fields.
+# The run directory's GPU series is host/gpu_telemetry/sampler.py's SERIES_FILE.
 # What the machine did during the level (Summary.environment; docs/metrics.md#environment), empty when not sampled.
 LEVEL_ENVIRONMENT = ["other_cpu_cores_mean", "client_cpu_cores_mean", "engine_cpu_cores_mean", "load1_mean",
                      "steal_pct"]
@@ -64,7 +81,10 @@ LEVEL_COLUMNS = (["trial", "tag", "mode", "concurrency", "rate", "requests", "ok
                   "errors", "window_s", "counted_by", "slo_passed"]
                  + _figure_columns(f for f in _CSV_FIGURES if f.csv.position <= _FIGURES_BEFORE_ENVIRONMENT)
                  + ["contended"] + LEVEL_ENVIRONMENT + ["warnings"]
-                 + _figure_columns(f for f in _CSV_FIGURES if f.csv.position > _FIGURES_BEFORE_ENVIRONMENT))
+                 + _figure_columns(f for f in _CSV_FIGURES
+                                   if _FIGURES_BEFORE_ENVIRONMENT < f.csv.position <= _FIGURES_BEFORE_GPU)
+                 + LEVEL_GPU
+                 + _figure_columns(f for f in _CSV_FIGURES if f.csv.position > _FIGURES_BEFORE_GPU))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -115,6 +135,37 @@ def level_row(s: Summary) -> dict[str, Any]:
     row["contended"] = env.contended if env else None
     for name in LEVEL_ENVIRONMENT:
         row[name] = getattr(env, name) if env else None
+    gpu = s.gpu
+    row.update({"gpu_measured": gpu.measured if gpu else None, "gpu_reason": gpu.reason if gpu else None,
+                "gpu_source": gpu.source if gpu else None, "gpu_energy_j": gpu.energy_j if gpu else None,
+                "gpu_power_w_max": gpu.power_w_max if gpu else None,
+                "gpu_contended": gpu.contended if gpu and gpu.measured else None,
+                "gpu_count": sum(1 for d in gpu.gpus if d.engine) if gpu and gpu.measured else None})
+    return row
+
+
+def gpu_rows(s: Summary) -> list[dict[str, Any]]:
+    """The level's GPUs, one row each (gpus.csv); none when the level's GPUs were not measured."""
+    if s.gpu is None or not s.gpu.measured:
+        return []
+    rows = []
+    for d in s.gpu.gpus:
+        row: dict[str, Any] = {"trial": s.trial, "tag": s.tag}
+        row.update({k: getattr(d, k) for k in GPU_COLUMNS[2:] if k != "other_pids"})
+        row["other_pids"] = " ".join(str(p) for p in d.other_pids) or None
+        rows.append(row)
+    return rows
+
+
+def gpu_series_columns() -> list[str]:
+    from servelab.records import GpuReading
+
+    return [name for name in GpuReading.model_fields]
+
+
+def series_row(reading) -> dict[str, Any]:
+    row = reading.model_dump()
+    row["processes"] = " ".join(str(p) for p in reading.processes) or None
     return row
 
 
@@ -122,26 +173,62 @@ def level_row(s: Summary) -> dict[str, Any]:
 # One function per format
 # ---------------------------------------------------------------------------------------------------------------
 
-def export_csv(records: Iterable[RequestRecord], levels: Sequence[Summary], out_dir: Path) -> list[Path]:
-    """records.csv and levels.csv in `out_dir`."""
+def export_csv(records: Iterable[RequestRecord], levels: Sequence[Summary], out_dir: Path,
+               series: Sequence[Path] = ()) -> list[Path]:
+    """records.csv and levels.csv in `out_dir`; gpus.csv when a level measured its GPUs, gpu_series.csv when the
+    run has a GPU series file (`series`)."""
     ensure_output_dir(out_dir, "export directory")
     paths = [out_dir / "records.csv", out_dir / "levels.csv"]
     _write_csv(paths[0], RECORD_COLUMNS, (record_row(r) for r in records))
     _write_csv(paths[1], LEVEL_COLUMNS, (level_row(s) for s in levels))
+    if any(s.gpu is not None and s.gpu.measured for s in levels):
+        paths.append(out_dir / "gpus.csv")
+        _write_csv(paths[-1], GPU_COLUMNS, (row for s in levels for row in gpu_rows(s)))
+    if series:
+        paths.append(out_dir / "gpu_series.csv")
+        _write_csv(paths[-1], gpu_series_columns(), (series_row(r) for r in iter_series(series)))
     return paths
 
 
-def export_json(records: Iterable[RequestRecord], levels: Sequence[Summary], out_dir: Path) -> list[Path]:
-    """records.json and levels.json in `out_dir`: the models' own JSON, lists of them."""
+def export_json(records: Iterable[RequestRecord], levels: Sequence[Summary], out_dir: Path,
+                series: Sequence[Path] = ()) -> list[Path]:
+    """records.json and levels.json in `out_dir`: the models' own JSON, lists of them (each level's `gpu`
+    whole); gpu_series.json, the GPU readings, when the run has a GPU series file (`series`)."""
     ensure_output_dir(out_dir, "export directory")
     paths = [out_dir / "records.json", out_dir / "levels.json"]
-    with output_file(paths[0], "export file") as tmp, open(tmp, "w", encoding="utf-8") as fh:
-        fh.write("[")  # written as read: a soak's records never all in memory
-        for i, r in enumerate(records):
-            fh.write((",\n" if i else "") + r.model_dump_json())
-        fh.write("]\n")
+    _write_json_list(paths[0], (r.model_dump_json() for r in records))
     _write_text(paths[1], "[" + ",\n".join(s.model_dump_json(indent=2) for s in levels) + "]\n")
+    if series:
+        paths.append(out_dir / "gpu_series.json")
+        _write_json_list(paths[-1], (r.model_dump_json() for r in iter_series(series)))
     return paths
+
+
+def _write_json_list(path: Path, items: Iterable[str]) -> None:
+    """A JSON list written as its items are read: a soak's records (or readings) never all in memory."""
+    with output_file(path, "export file") as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("[")
+        for i, item in enumerate(items):
+            fh.write((",\n" if i else "") + item)
+        fh.write("]\n")
+
+
+def series_of(run_dir: Path | None) -> list[Path]:
+    """The run directory's GPU series files, in the order they were written: `bench --out` writes one
+    (gpu_series.jsonl.gz), `run` one per bench (gpu_series-<trial>-<step>.jsonl.gz, trial and step numbered)."""
+    if run_dir is None or not run_dir.is_dir():
+        return []
+    stem = GPU_SERIES_FILE.removesuffix(".jsonl.gz")
+    found = [p for p in run_dir.glob(f"{stem}*.jsonl.gz") if p.is_file()]
+    return sorted(found, key=lambda p: (p.name != GPU_SERIES_FILE, p.stat().st_mtime_ns, p.name))
+
+
+def iter_series(paths: Sequence[Path]):
+    """Every reading of the series files, file after file, one at a time."""
+    from servelab.host.gpu_telemetry.sampler import iter_readings
+
+    for path in paths:
+        yield from iter_readings(path)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -203,7 +290,7 @@ def export_run_dir(run_dir: Path, fmt: str, to: Path | None = None) -> tuple[lis
     if fmt not in FORMATS:
         raise UserError(f"unknown export format '{fmt}'", hint=f"use one of {', '.join(FORMATS)}")
     records, levels, notes = load_run(run_dir)
-    write = _writer(fmt, _model_of(run_dir))
+    write = _writer(fmt, _model_of(run_dir), series_of(run_dir))
     return write(records, levels, to or run_dir), notes
 
 
@@ -224,17 +311,19 @@ def export_run(ref: str, fmt: str, to: Path | None, store_path: Path) -> tuple[l
         notes.append(opened.records_missing)
     run_dir = opened.run_dir
     target = to or (run_dir if run_dir and run_dir.is_dir() else Path(run_id))
-    write = _writer(fmt, summary.provenance.model or "")
+    series = series_of(run_dir)
+    write = _writer(fmt, summary.provenance.model or "", series)
     return write(records, levels, target), notes
 
 
-def _writer(fmt: str, model: str):
+def _writer(fmt: str, model: str, series: Sequence[Path] = ()):
     if fmt == "vllm":
         from servelab.store.export_vllm import export_vllm
 
         # one pass over the records per level: held in memory for this format
         return lambda records, levels, out_dir: export_vllm(list(records), levels, out_dir, model=model)
-    return export_csv if fmt == "csv" else export_json
+    write = export_csv if fmt == "csv" else export_json
+    return lambda records, levels, out_dir: write(records, levels, out_dir, series)
 
 
 def _model_of(run_dir: Path) -> str:
