@@ -208,6 +208,13 @@ def test_throttle_time_from_the_violation_counter() -> None:
     assert s.reasons == ["GPU 0 throttled for power or heat for 1.5 s of 10.0 s"]
 
 
+def test_power_and_thermal_violation_held_at_once_is_capped_at_the_window() -> None:
+    # the sources sum the power and the thermal violation counters: both growing at full rate is 2 s a second
+    s = summary_of(series(throttle_ns=lambda g, t: int(2 * max(t, 0.0) * S)))
+    assert s.gpus[0].throttle_s == 10.0
+    assert any("throttle time capped at the window" in n for n in s.notes)
+
+
 def test_throttle_time_from_the_reasons_bitmask_counts_only_power_and_thermal_bits() -> None:
     # 41 readings inside; 8 with a power or thermal bit (and the idle bit, which is ignored), the rest with the
     # idle and application-clock bits only

@@ -288,7 +288,14 @@ class _Device:
             if self.violation.backwards:
                 notes.add(self.gpu, f"the violation-time counter went backwards {_times(self.violation.backwards)}"
                                     f" (reset or wrap): the throttle time is the sum of the monotonic pieces")
-            return ns / NS_PER_S if ns is not None else None
+            if ns is None:
+                return None
+            if ns > self.violation.we - self.violation.ws:
+                # power and thermal violation time are summed by the sources, and can count one moment twice
+                notes.add(self.gpu, "the power and thermal violation times add up to more than the window (both "
+                                    "held at once): throttle time capped at the window")
+                return window_s
+            return ns / NS_PER_S
         if self.reasons_n:
             notes.add(self.gpu, "throttle time from the clocks-event reasons (share of readings x window): no "
                                 "violation counter")
