@@ -111,6 +111,18 @@ def test_nvml_without_gpm_falls_back_to_utilization(nvml):
     source.close()
 
 
+def test_nvml_pcie_without_gpm_only_when_asked(nvml):
+    """nvmlDeviceGetPcieThroughput samples the bus ~20 ms per call: read per tick only with pcie_fallback."""
+    nvml.load(gpm=False)
+    source = NvmlSource(Nvml(), clock=nvml.clock, pcie_fallback=True)
+    nvml.clock.at(6.0)
+    reading = source.read()[2]
+    want = frame_at(series(), 6.0)["gpus"][2]
+    assert reading.pcie_tx_bytes_s == int(want["pcie_tx_mib_s"] * 1024) * 1024.0  # NVML's KB/s, in bytes/s
+    assert reading.pcie_rx_bytes_s == int(want["pcie_rx_mib_s"] * 1024) * 1024.0
+    source.close()
+
+
 def test_nvml_unsupported_field_is_none_and_not_asked_again(nvml):
     nvml.load(energy=False)
     calls = []
@@ -220,6 +232,19 @@ def test_dcgm_scrapes_convert_units_and_give_known_deltas(dcgm_server):
     assert second[5].xid_last == 31 and first[5].xid_last == 0
     notes = source.take_notes()
     assert len(notes) == 1 and notes[0].startswith("XID 31 on GPU 5")
+
+
+def test_dcgm_an_xid_already_there_at_the_first_scrape_is_said_as_such():
+    server = ScrapeServer(list(reversed(dcgm_bodies())))
+    try:
+        source = DcgmSource(server.url)
+        source.read()
+        notes = source.take_notes()
+        assert len(notes) == 1 and "reports XID 31 as its last error (it may predate this run)" in notes[0]
+        source.read()
+        assert source.take_notes() == []  # the XID went back to 0: nothing new
+    finally:
+        server.close()
 
 
 def test_dcgm_without_profiling_fields_uses_gpu_util():

@@ -103,9 +103,12 @@ class DcgmSource:
             self.last_error = f"{self.url} lists no DCGM_FI_* GPU field"
         for reading in readings:
             last = reading.xid_last or 0
-            if last and self._xid_seen.get(reading.gpu) != last:
-                self._notes.append(f"XID {last} on GPU {reading.gpu}"
-                                   f"{f' ({reading.uuid})' if reading.uuid else ''}: the driver reported a GPU error")
+            seen = self._xid_seen.get(reading.gpu)
+            device = f"GPU {reading.gpu}{f' ({reading.uuid})' if reading.uuid else ''}"
+            if last and seen is None:  # DCGM keeps only the last XID: the first scrape may show an old one
+                self._notes.append(f"{device} reports XID {last} as its last error (it may predate this run)")
+            elif last and seen != last:
+                self._notes.append(f"XID {last} on {device}: the driver reported a GPU error")
             self._xid_seen[reading.gpu] = last
         return readings
 
