@@ -83,6 +83,18 @@ def test_the_readings_a_level_needs_reach_two_intervals_beyond_its_window() -> N
     assert wide.energy_j == 4000.0 and wide.gpus[0].samples == 41
 
 
+def test_a_repeated_or_late_reading_adds_no_energy_twice() -> None:
+    def with_repeats(readings):
+        previous = None
+        for r in readings:
+            yield r
+            if previous is not None and r.gpu == 0 and r.t_ns == T0 + 5 * S:
+                yield previous  # a reading from a quarter second ago, again
+            previous = r
+
+    assert summary_of(with_repeats(series())).energy_j == 4000.0
+
+
 def test_a_ramp_of_power_integrates_to_its_exact_energy_from_the_counter_and_from_the_readings() -> None:
     ramp = lambda gpu, t: 200.0 + 40.0 * t  # 200 W to 600 W over the window: 4000 J  # noqa: E731
     by_counter = summary_of(series(power=ramp))

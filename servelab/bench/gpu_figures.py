@@ -84,11 +84,13 @@ class _PairSum:
         if value is None:
             return
         t0, v0, r0 = self._t, self._v, self._r
+        if self.seen and t <= t0:
+            return  # out of order or repeated: the pair it would make has no span
         self._t, self._v, self._r = t, value, bridge_rate
         if not self.seen:
             self.seen = True
             return
-        if t <= t0 or t0 >= self.we or t <= self.ws:
+        if t0 >= self.we or t <= self.ws:
             return
         a, b = max(t0, self.ws), min(t, self.we)
         if b <= a:
