@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import sys
 import time
+import tracemalloc
 
 import pytest
 
@@ -78,11 +79,19 @@ def test_memory_holds_one_chunk_however_many_ticks(nvml, tmp_path):
     source, _ = open_nvml(clock=clock)
     sampler = GpuSampler(source, tmp_path / "s.jsonl.gz", chunk_ticks=40)
     most = 0
-    for k in range(1000):
-        clock.at(0.25 * (k + 1) % 20)  # round the 20 s series again and again
-        sampler.tick()
-        most = max(most, sampler.buffered)
+    tracemalloc.start()
+    try:
+        for k in range(1000):
+            clock.at(0.25 * (k + 1) % 20)  # round the 20 s series again and again
+            sampler.tick()
+            most = max(most, sampler.buffered)
+            if k == 199:
+                warm, _ = tracemalloc.get_traced_memory()
+        grown = tracemalloc.get_traced_memory()[0] - warm
+    finally:
+        tracemalloc.stop()
     sampler.stop()
+    assert grown < 256 * 1024  # 800 more ticks (6,400 readings) and no growth beyond a chunk's noise
     assert most <= 40 * 8 and sampler.buffered == 0
     assert sampler.ticks == 1000
     per_tick = sampler.path.stat().st_size / 1000
