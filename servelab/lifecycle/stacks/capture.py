@@ -218,7 +218,8 @@ def not_permitted(pid: int) -> str:
         owner = psutil.Process(pid).username()
         me = psutil.Process().username()
         if owner != me and os.geteuid() != 0:
-            how.append(f"it belongs to {owner}: run as {owner} or root")
+            how.append(f"it belongs to {owner}: run as root" if owner == "root"
+                       else f"it belongs to {owner}: run as {owner} or root")
     except (psutil.Error, KeyError):
         pass
     try:

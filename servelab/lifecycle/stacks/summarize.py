@@ -29,6 +29,7 @@ from servelab.textsafe import inert
 # A process whose Python thread only parks while native threads work (llama.cpp's server) is busy when it used at
 # least this much CPU during the capture (100 = one core): a parked server uses next to none.
 NATIVE_BUSY_CPU_PERCENT = 20.0
+NATIVE_BUSY = "busy in native threads"
 
 
 def summarize(capture: Capture, engine_signatures: Sequence[StackSignature] = (), *, interval_s: float | None = None,
@@ -90,7 +91,7 @@ def process_stacks(pid: int, command: list[str], dumps: list[Dump], engine_signa
     phrase = activity.phrase
     if activity.native_work and proc.cpu_percent is not None and proc.cpu_percent >= NATIVE_BUSY_CPU_PERCENT:
         proc.kind = "busy"
-        proc.activity = "busy in native threads"
+        proc.activity = NATIVE_BUSY
         proc.detail = f"{proc.cpu_percent:.0f} % CPU; {inert(activity.activity)} in Python"
         phrase = f"{proc.activity} ({proc.detail})"
     proc.line = f"{who}: {inert(phrase)}{_motion(proc)}"
@@ -175,7 +176,8 @@ def verdict(processes: Sequence[ProcessStacks], ranks: dict[int, int]) -> tuple[
         return "loading", f"{count(loading)} {what}{others}{motion}: loading, not hung"
     busy = [p for p in principal if p.kind == "busy"]
     if busy:
-        if all(p.moving is False for p in busy):
+        # a process busy in native threads keeps its Python stack still by nature: its CPU time moved instead
+        if all(p.moving is False and p.activity != NATIVE_BUSY for p in busy):
             return "stuck", (f"{described(principal)}, stacks unchanged for "
                              f"{max(p.unchanged_s or 0.0 for p in busy):.1f} s: stuck (on CPU in the same place)")
         motion = ", stacks moving" if any(p.moving for p in busy) else ""
