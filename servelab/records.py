@@ -329,8 +329,13 @@ class GpuSummary(BaseModel):
     j_per_output_token: float | None = None
     j_per_answer_token: float | None = None  # where reasoning tokens were counted apart
     output_tokens_per_j: float | None = None
-    contended: bool = False  # another process held an engine GPU, a GPU throttled for power or heat, an XID error
-    reasons: list[str] = Field(default_factory=list)
+    # Another process held one of the engine's GPUs: the level measured more than the engine (an experiment runs
+    # such a trial again, as for CPU contention). Only that: a GPU at its power cap under full load is the engine's
+    # own load, and a fault does not go away on a rerun.
+    contended: bool = False
+    reasons: list[str] = Field(default_factory=list)  # why it is contended, one sentence each
+    # Said loudly with the level's figures, never a reason to drop them: throttling for power or heat, XID errors.
+    warnings: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)  # limits: a counter reset, a field the source lacks
 
 

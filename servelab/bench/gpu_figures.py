@@ -24,7 +24,7 @@ NS_PER_S = 1_000_000_000
 # A reading whose SM activity is under this is idle (docs/metrics.md#gpu-idle-share): an idle GPU reads 0 %
 # (utilisation) or under 1 % (GPM); the margin is for monitoring kernels.
 IDLE_SM_PCT = 5.0
-# Throttling for power or heat for at least this share of the window marks the level contended.
+# Throttling for power or heat for at least this share of the window is said with the level's figures.
 THROTTLE_SHARE_LIMIT = 0.01
 # A counter's delta is extrapolated over the part of the window its readings do not cover (docs/metrics.md#gpu)
 # only while they cover at least this share of it.
@@ -411,8 +411,9 @@ def summarize_gpu(readings: Iterable[GpuReading], *, window: tuple[int, int], ou
         measured=True, source=source, interval_s=interval_s, window_s=window_s, gpus=gpus,
         output_tokens=output_tokens, answer_tokens=answer_tokens,
         power_w_max=peak.engine_max if by_engine else peak.all_max, notes=lines + notes.lines()))
-    summary.reasons = _contention(mine, window_s, by_engine, devices)
+    summary.reasons = _contention(mine, by_engine)
     summary.contended = bool(summary.reasons)
+    summary.warnings = _warnings(mine, window_s, devices)
     return summary
 
 
@@ -472,8 +473,8 @@ def _idle_count(g: GpuDeviceSummary) -> int:
     return round((g.idle_share or 0.0) * g.sm_samples)
 
 
-def _contention(mine: Sequence[GpuDeviceSummary], window_s: float, by_engine: bool, devices: dict[int, _Device]) -> list[str]:
-    """One sentence per reason the engine's GPUs were not the engine's alone (docs/metrics.md#gpu-contended)."""
+def _contention(mine: Sequence[GpuDeviceSummary], by_engine: bool) -> list[str]:
+    """One sentence per process outside the engine that held the engine's GPUs (docs/metrics.md#gpu-contended)."""
     reasons: list[str] = []
     if by_engine:
         held: dict[tuple[int, ...], list[int]] = {}
@@ -483,20 +484,28 @@ def _contention(mine: Sequence[GpuDeviceSummary], window_s: float, by_engine: bo
         for pids, on in held.items():
             who = ("pid " if len(pids) == 1 else "pids ") + ", ".join(str(p) for p in pids)
             reasons.append(f"{who} held {gpu_list(on)} (the engine's) during the level")
+    return reasons
+
+
+def _warnings(mine: Sequence[GpuDeviceSummary], window_s: float, devices: dict[int, _Device]) -> list[str]:
+    """What the level's figures are said with, loudly: the engine's GPUs throttled for power or heat, or reported
+    XID errors (docs/metrics.md#gpu-contended). Neither contends the level: at full load a GPU sits at its power
+    cap by design, and a driver or hardware fault does not go away on a rerun."""
+    warnings: list[str] = []
     throttled = [g for g in mine if g.throttle_s is not None and g.throttle_s >= THROTTLE_SHARE_LIMIT * window_s]
     if throttled:
         each = (f"{throttled[0].throttle_s:.1f} s" if len(throttled) == 1 else
                 ", ".join(f"{g.throttle_s:.1f} s (GPU {g.gpu})" for g in throttled))
-        reasons.append(f"{gpu_list(g.gpu for g in throttled)} throttled for power or heat for {each} of "
-                       f"{window_s:.1f} s")
+        warnings.append(f"{gpu_list(g.gpu for g in throttled)} throttled for power or heat for {each} of "
+                        f"{window_s:.1f} s: the clocks, not only the engine, set the pace")
     for g in mine:
         if g.xid_errors:
             code = devices[g.gpu].xid_code
-            reasons.append(f"XID ERROR: GPU {g.gpu} reported {g.xid_errors} new XID "
-                           f"error{'s' if g.xid_errors > 1 else ''} during the level"
-                           + (f" (last code {code})" if code else "")
-                           + ": a driver or hardware fault; the level's figures may not describe the engine")
-    return reasons
+            warnings.append(f"XID ERROR: GPU {g.gpu} reported {g.xid_errors} new XID "
+                            f"error{'s' if g.xid_errors > 1 else ''} during the level"
+                            + (f" (last code {code})" if code else "")
+                            + ": a driver or hardware fault; the level's figures may not describe the engine")
+    return warnings
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -533,6 +542,7 @@ def pool_gpu(summaries: Sequence[GpuSummary]) -> GpuSummary:
         power_w_max=max((s.power_w_max for s in measured if s.power_w_max is not None), default=None),
         contended=any(s.contended for s in measured),
         reasons=list(dict.fromkeys(r for s in measured for r in s.reasons)),
+        warnings=list(dict.fromkeys(w for s in measured for w in s.warnings)),
         notes=list(dict.fromkeys(n for s in measured for n in s.notes)))
     if len(measured) < len(summaries):
         summary.notes.append(left_out)
