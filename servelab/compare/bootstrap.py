@@ -5,7 +5,9 @@ Each figure is re-computed on resampled data by the same definition that produce
 - the per-token ITL median, whose samples come in clusters (one per request, and tokens of one request are not
   independent): resample whole requests and pool their gaps;
 - aggregate output tok/s of a load level: resample equal-width time bins of the level's window (token counts
-  per bin), the mean rate of the resampled bins being the throughput of the resample.
+  per bin), the mean rate of the resampled bins being the throughput of the resample;
+- energy per token (and tokens per joule) of a level: the same time bins, each with its tokens and the energy the
+  GPUs drew in it, the figure of a resample being its bins' joules over their tokens.
 
 A run of several trials is resampled hierarchically (Trials): trials first, then units within them.
 
@@ -109,6 +111,22 @@ class BinnedRate(Resampler):
     def combine(self, units: Sequence[tuple[float, float]]) -> float:
         seconds = sum(s for _, s in units)
         return sum(c for c, _ in units) / seconds if seconds else math.nan
+
+
+@dataclass
+class EnergyPerToken(Resampler):
+    """Energy per output token (or, `inverse`, tokens per joule) of a level's window split into equal time bins: a
+    unit is (joules, tokens) of one bin, the figure the resampled bins' joules over their tokens, so bins of trials
+    with different power or throughput pool as one window would (docs/metrics.md#gpu-trials)."""
+
+    units: Sequence[tuple[float, float]]
+    inverse: bool = False
+
+    def combine(self, units: Sequence[tuple[float, float]]) -> float:
+        joules, tokens = sum(j for j, _ in units), sum(t for _, t in units)
+        if self.inverse:
+            return tokens / joules if joules else math.nan
+        return joules / tokens if tokens else math.nan
 
 
 @dataclass

@@ -54,6 +54,7 @@ class FigureCell(BaseModel):
     # servelab's when it does (None: the same definition).
     source: str | None = None
     definition_differs: str | None = None
+    note: str | None = None  # why there is no value ("not measured: no GPU telemetry source"), where it is known
 
 
 class RatioCell(BaseModel):
@@ -119,7 +120,10 @@ def compare_runs(runs: list[RunData]) -> Comparison:
     for key, metric in KEY_METRICS.items():
         if metric.reasoning_only and not thought:
             continue
-        if metric.value(baseline) is None or all(metric.value(run) is None for run in others):
+        if metric.why_none is not None:  # shown when any run has it; the others say why they have not
+            if all(metric.value(run) is None for run in runs):
+                continue
+        elif metric.value(baseline) is None or all(metric.value(run) is None for run in others):
             continue
         figures = [_figure_cell(run, metric, samplers[i][key]) for i, run in enumerate(runs)]
         ratios = [RatioCell(ratio=1.0, verdict="baseline")]
@@ -238,13 +242,18 @@ def _figure_cell(run: RunData, metric: KeyMetric, sampler) -> FigureCell:
                       n=sampler.n if sampler is not None else None,
                       where=metric.where(run) if metric.where and not run.literal else None,
                       trials=sampler.trials if isinstance(sampler, Trials) else None,
-                      trial_values=sampler.trial_points() if isinstance(sampler, Trials) else [])
+                      trial_values=sampler.trial_points() if isinstance(sampler, Trials) else [],
+                      note=metric.why_none(run) if metric.why_none is not None and metric.value(run) is None
+                      else None)
 
 
 def _ratio_cell(metric: KeyMetric, baseline: RunData, run: RunData, base_sampler, sampler) -> RatioCell:
     base, value = metric.value(baseline), metric.value(run)
     if base is None or value is None or base == 0:
-        return RatioCell(ratio=None, verdict="missing")
+        why = next((metric.why_none(r) for r in (baseline, run) if metric.why_none is not None
+                    and metric.value(r) is None), None)
+        return RatioCell(ratio=None, verdict="missing", reason=f"{baseline.name if base is None else run.name}: "
+                                                               f"{why}" if why else None)
     ci: Interval | None = None
     if sampler is not None:
         if baseline.literal or base_sampler is None and baseline.peer is not None:

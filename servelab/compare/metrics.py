@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from servelab.bench import metrics as m
 from servelab.bench.steady import is_measured
-from servelab.compare.bootstrap import (BinnedRate, MeanOf, MedianOf, PercentileOf, PooledMedian, Resampler, Trials,
-                                         time_bins)
+from servelab.compare.bootstrap import (BinnedRate, EnergyPerToken, MeanOf, MedianOf, PercentileOf, PooledMedian,
+                                         Resampler, Trials, time_bins)
 from servelab.compare.run_data import RunData
 from servelab.records import Figure, RequestRecord, Step, Summary
 
@@ -34,6 +34,9 @@ class KeyMetric:
     # plain ones otherwise); `neutral`: no better or worse, only different (the reasoning share).
     reasoning_only: bool = False
     neutral: bool = False
+    # Why a run has no value, when it has none ("not measured: no GPU telemetry source"); a metric with it is shown
+    # when any run has the figure (the others say why), not only when the baseline does.
+    why_none: Callable[[RunData], str | None] | None = None
 
     def value(self, run: RunData) -> float | None:
         # literal figures are typed by key; a measured run's figure is read where the metric says
@@ -322,6 +325,94 @@ def _replay_ttft_figure(run: RunData) -> Figure | None:
     return Figure(value=fig.dist.p50, unit="ms", definition="ttft", note="p50 over the trace's requests")
 
 
+# ---- what the GPUs did (docs/metrics.md#gpu): energy per token and tokens per joule, at peak and single-stream ----
+
+def _gpu_figure(name: str, level_of: Callable[[RunData], Summary | None]) -> Callable[[RunData], Figure | None]:
+    def figure(run: RunData) -> Figure | None:
+        level = level_of(run)
+        return level.figures.get(name) if level is not None else None
+    return figure
+
+
+def _gpu_why_none(name: str, level_of: Callable[[RunData], Summary | None]) -> Callable[[RunData], str | None]:
+    """"not measured: why" for a run without the figure: the level's own note, or that it has no such level."""
+    def why(run: RunData) -> str | None:
+        if run.literal:
+            return None
+        level = level_of(run)
+        if level is None:
+            return "not measured: no such level"
+        fig = level.figures.get(name)
+        if fig is None or level.gpu is None:
+            return "not measured: no GPU telemetry in this run"
+        return fig.note if fig.value is None else None
+    return why
+
+
+def _bin_energies(run: RunData, level: Summary, start: int, n_bins: int, bin_s: float) -> list[float] | None:
+    """The energy of the level's engine GPUs in each time bin, from the run directory's GPU series (the readings of
+    the level's window, each bin's energy by the pair rule as the level's own); None without a series."""
+    from servelab.bench.gpu_figures import summarize_gpu
+    from servelab.host.gpu_telemetry.sampler import iter_readings
+    from servelab.store.export import series_of
+
+    gpu = level.gpu
+    files = series_of(run.run_dir)
+    if gpu is None or not files:
+        return None
+    engine = {d.gpu for d in gpu.gpus if d.engine}
+    margin = int(2 * (gpu.interval_s or 1.0) * 1e9)
+    end = start + int(n_bins * bin_s * 1e9)
+    readings = [r for path in files for r in iter_readings(path, start - margin, end + margin) if r.gpu in engine]
+    if not readings:
+        return None
+    energies = []
+    for k in range(n_bins):
+        a = start + int(k * bin_s * 1e9)
+        part = summarize_gpu(readings, window=(a, a + int(bin_s * 1e9)), output_tokens=None, answer_tokens=None,
+                             source=gpu.source or "", interval_s=gpu.interval_s or 0.25)
+        if not part.measured or part.energy_j is None:
+            return None
+        energies.append(part.energy_j)
+    return energies
+
+
+def _energy_per_token(inverse: bool, level_of: Callable[[RunData], Summary | None]
+                      ) -> Callable[[RunData], Resampler | None]:
+    """J/token (tokens per joule, `inverse`) of a level, trials first, then time bins within each trial's window
+    (docs/metrics.md#gpu-compare): each bin holds the output tokens received in it and the energy the engine's
+    GPUs drew in it (from the run's GPU series; without one, the trial's energy spread evenly over its window, so
+    only the token count varies between bins), both scaled so the bins add up to the trial's own figure."""
+    def part(run: RunData, pooled: Summary, trial: int) -> Resampler | None:
+        level = _trial_level(run, pooled.tag, trial) or (pooled if len(run.counted) == 1 else None)
+        records = run.records_of(pooled.tag, trial)
+        gpu = level.gpu if level is not None else None
+        if gpu is None or not gpu.measured or not gpu.energy_j or not gpu.output_tokens or not records \
+                or level.window_s <= 0:
+            return None
+        start = min(r.t_send_ns for r in records)
+        counts, bin_s = time_bins([(e.t_ns, e.tokens) for r in records for e in r.events], start, level.window_s)
+        if not sum(counts):
+            return None
+        energies = _bin_energies(run, level, start, len(counts), bin_s) or [bin_s / level.window_s] * len(counts)
+        e_scale, t_scale = gpu.energy_j / sum(energies), gpu.output_tokens / sum(counts)
+        return EnergyPerToken([(j * e_scale, c * t_scale) for j, c in zip(energies, counts)], inverse=inverse)
+    return lambda run: _over_trials(run, level_of(run), part)
+
+
+def _gpu_metrics() -> list[KeyMetric]:
+    out = []
+    for scope, level_of, words in (("peak", peak_level, "at peak"), ("single", single_level, "single-stream")):
+        for key, label, unit, higher, anchor, inverse in (
+                ("j_per_output_token", f"energy per output token {words} J/token", "J/token", False,
+                 "gpu-j-per-token", False),
+                ("output_tokens_per_j", f"output tokens per joule {words}", "tok/J", True, "gpu-tokens-per-j",
+                 True)):
+            out.append(KeyMetric(f"{scope}.{key}", label, unit, higher, anchor, _energy_per_token(inverse, level_of),
+                                 figure=_gpu_figure(key, level_of), why_none=_gpu_why_none(key, level_of)))
+    return out
+
+
 _LIST = [
     KeyMetric("single.decode_tok_s", "single-stream decode tok/s (p50)", "tok/s", True, "decode-tok-s",
               _per_request(m.decode_tok_s)),
@@ -367,4 +458,5 @@ _LIST = [
     KeyMetric("multiturn.cache_hit_ratio", "prefix cache hit ratio %", "%", True, "cache-hit-ratio",
               figure=_hit_ratio_figure, neutral=True),
 ]
+_LIST += _gpu_metrics()
 KEY_METRICS: dict[str, KeyMetric] = {k.key: k for k in _LIST}

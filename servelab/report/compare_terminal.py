@@ -7,7 +7,7 @@ from rich.text import Text
 
 from servelab.compare.compare import Comparison, fmt_ratio
 from servelab.report.tables import Col, key_col, print_table, text_col
-from servelab.report.terminal import fmt
+from servelab.report.terminal import fmt, sig
 from servelab.store.runs import RunRow
 from servelab.textsafe import inert, inert_markup
 
@@ -33,6 +33,15 @@ def _digits(unit: str) -> int:
     return 2 if unit == "req/s" else 1
 
 
+# Figures whose size differs by orders of magnitude between machines (0.05 J/token on one GPU, 30 on another):
+# shown with three significant digits rather than a fixed number of decimals.
+SIGNIFICANT_UNITS = ("J/token", "tok/J")
+
+
+def number(value: float | None, unit: str) -> str:
+    return sig(value) if unit in SIGNIFICANT_UNITS else fmt(value, _digits(unit))
+
+
 def render_comparison(console: Console, comparison: Comparison) -> None:
     cols = [text_col("figure")]
     for run in comparison.runs:
@@ -48,6 +57,8 @@ def render_comparison(console: Console, comparison: Comparison) -> None:
     print_table(console, inert(f"comparison (baseline: {comparison.baseline})"), cols, rows)
     console.print(Text(f"  ↑ higher is better, ↓ lower is better; [..] 95 % intervals; {comparison.method}",
                        style="dim"))
+    for line in not_measured_lines(comparison):
+        console.print(Text(f"  {inert(line)}", style="dim"))
     for warning in comparison.warnings:
         console.print(Text(f"  warning: {inert(warning)}", style="yellow"))
     if comparison.verdicts:
@@ -60,12 +71,11 @@ def render_comparison(console: Console, comparison: Comparison) -> None:
 def _comparison_cell(row, fig, ratio) -> Text:
     """The figure, its interval, then its ratio to the baseline with the ratio's interval and the verdict: one
     piece per line, so a column is as wide as its widest piece, never as all of them together."""
-    if fig.value is None:
-        return Text("–", style="dim")
-    digits = _digits(row.unit)
-    text = Text(fmt(fig.value, digits) + (f" @{fig.where}" if fig.where else ""))
+    if fig.value is None:  # why, under the table (not_measured_lines): a long reason would squeeze the figures
+        return Text("not measured" if fig.note else "–", style="dim")
+    text = Text(number(fig.value, row.unit) + (f" @{fig.where}" if fig.where else ""))
     if fig.ci:
-        text.append(f"\n[{fmt(fig.ci[0], digits)}–{fmt(fig.ci[1], digits)}]", style="dim")
+        text.append(f"\n[{number(fig.ci[0], row.unit)}–{number(fig.ci[1], row.unit)}]", style="dim")
     if fig.definition_differs and ratio.verdict in ("baseline", "missing"):  # a peer's figure, defined otherwise
         text.append("\n≠ definition", style="yellow")
     if ratio.verdict != "baseline" and ratio.ratio is not None:
@@ -77,6 +87,17 @@ def _comparison_cell(row, fig, ratio) -> Text:
     elif ratio.verdict == "missing" and row.figures[0].value is not None:
         text.append("\nno ratio", style="dim")
     return text
+
+
+def not_measured_lines(comparison: Comparison) -> list[str]:
+    """Why a run has no value for a figure the others have, once per run and reason ("cpu: not measured: no GPU
+    telemetry source (energy per output token at peak, …)")."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for row in comparison.rows:
+        for run, fig in zip(comparison.runs, row.figures):
+            if fig.value is None and fig.note:
+                found.setdefault((run.name, fig.note), []).append(row.label)
+    return [f"{name}: {note} ({', '.join(labels)})" for (name, note), labels in found.items()]
 
 
 def render_experiment(console: Console, result) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from servelab.compare.compare import Comparison, fmt_ratio
 from servelab.compare.run_data import RunData
+from servelab.report.compare_terminal import number
 from servelab.report.tables import human_bytes
 from servelab.report.terminal import COUNTED_BY_WORDS, figure_label, fmt, gpu_reason, sent_cell, sig
 from servelab.textsafe import visible
@@ -49,11 +50,12 @@ def comparison_section(c: Comparison) -> str:
         cells = [e(row.label + ("" if row.neutral else " ↑" if row.higher_is_better else " ↓"))]
         for fig, ratio in zip(row.figures, row.ratios):
             if fig.value is None:
-                cells.append("–")
+                cells.append(f"<span class=\"dim\">{e(fig.note)}</span>" if fig.note else "–")
                 continue
-            text = e(fmt(fig.value, 2 if row.unit == "req/s" else 1) + (f" @{fig.where}" if fig.where else ""))
+            text = e(number(fig.value, row.unit) + (f" @{fig.where}" if fig.where else ""))
             if fig.ci:
-                text += f" <span class=\"dim\">[{e(fmt(fig.ci[0]))}–{e(fmt(fig.ci[1]))}]</span>"
+                text += (f" <span class=\"dim\">[{e(number(fig.ci[0], row.unit))}–"
+                         f"{e(number(fig.ci[1], row.unit))}]</span>")
             if fig.definition_differs:  # another tool's figure, defined otherwise (compare/peers)
                 text += (f" <span class=\"warn\" title=\"{e(fig.source or '')}: {e(fig.definition_differs)}\">"
                          f"≠ definition</span>")

@@ -163,7 +163,7 @@ def sig(value: float | None) -> str:
         return f"{value:.1f}"
     if size >= 1 or value == 0:
         return f"{value:.2f}"
-    return f"{value:.3g}"
+    return f"{value:#.3g}"
 
 
 def gpu_reason(reason: str | None) -> str:
