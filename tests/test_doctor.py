@@ -8,6 +8,7 @@ The servers are real processes: the calibration server (a ready OpenAI-compatibl
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -166,3 +167,62 @@ def test_the_replay_hung_in_load_is_stalled_without_being_given_its_log(tmp_path
         assert d["verdict"]["evidence"]["phase"] == "loading weights"
     else:
         assert d["verdict"]["evidence"]["phase"] == "unknown (no log)"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The stacks: doctor reads and names them whenever there is a process (tests/stack_programs/tree.py)
+# --------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("mode", "verdict", "summary"), [
+    ("loading", "loading", "4 of 4 ranks loading weights (safetensors), stacks moving: loading, not hung"),
+    ("idle", "idle", "4 of 4 ranks idle in the request loop (recv_requests): idle"),
+    ("busy", "busy", "4 of 4 ranks running a batch (run_batch), stacks moving: busy"),
+    ("deadlock", "deadlock", "ranks 0-2 in broadcast (torch.distributed), rank 3 in all_reduce (torch.distributed): "
+                             "ranks disagree on the collective"),
+])
+def test_doctor_names_what_a_tree_of_ranks_is_doing_from_its_stacks(mode, verdict, summary):
+    from tests.test_stacks import engine_tree
+
+    with engine_tree(mode) as (proc, _):
+        t0 = time.monotonic()
+        d = diagnose(pid=proc.pid, engine="sglang", seconds=1.5)
+        took = time.monotonic() - t0
+    assert d.stack_report is not None and d.stack_report.verdict == verdict, d.stack_report
+    assert d.stack_report.summary.startswith(summary)
+    assert {p.role for p in d.stack_report.processes} >= {"TP0 scheduler", "TP3 scheduler", "detokenizer"}
+    assert d.stacks is None  # the raw dump only with --stacks
+    assert took < 1.5 + 2.5  # read alongside the window, not after it
+
+
+def test_a_stall_names_what_the_stacks_showed(tmp_path):
+    """A log silent for longer than the weights' budget, processes that do not move: stalled, and the reason ends
+    with the stacks' summary (the ranks disagree on the collective)."""
+    from tests.test_stacks import engine_tree
+
+    log = tmp_path / "sglang.log"
+    log.write_text("[2026-11-29 14:00:10 TP0] Load weight begin. avail mem=138.72 GB\n")
+    long_ago = time.time() - 3 * 3600
+    os.utime(log, (long_ago, long_ago))
+    with engine_tree("deadlock") as (proc, _):
+        done = doctor_cli("--pid", str(proc.pid), "--log", str(log), "--engine", "sglang", "--seconds", "2", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    d = json.loads(done.stdout)
+    assert d["verdict"]["state"] == "stalled", d["verdict"]["reason"]
+    assert d["verdict"]["reason"].endswith("; the stacks: " + d["stack_report"]["summary"])
+    assert "ranks disagree on the collective" in d["stack_report"]["summary"]
+    assert d["verdict"]["evidence"]["stacks"] == d["stack_report"]["summary"]
+    assert d["stack_report"]["verdict"] == "deadlock"
+
+
+def test_doctor_shows_the_activities_by_default_the_dump_with_stacks_and_nothing_with_no_stacks():
+    from tests.test_stacks import engine_tree
+
+    with engine_tree("idle", ranks=2) as (proc, _):
+        shown = doctor_cli("--pid", str(proc.pid), "--engine", "sglang", "--seconds", "1")
+        raw = doctor_cli("--pid", str(proc.pid), "--engine", "sglang", "--seconds", "1", "--stacks")
+        skipped = doctor_cli("--pid", str(proc.pid), "--engine", "sglang", "--seconds", "1", "--no-stacks", "--json")
+    assert "stacks" in shown.stdout and "2 of 2 ranks idle in the request loop (recv_requests)" in shown.stdout
+    assert "TP1 scheduler (pid " in shown.stdout and "Thread " not in shown.stdout
+    assert "Thread " in raw.stdout and "Scheduler.recv_requests (sglang/srt/managers/scheduler.py:" in raw.stdout
+    d = json.loads(skipped.stdout)
+    assert d["stack_report"] is None and d["stacks"] is None
