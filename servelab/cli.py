@@ -305,10 +305,11 @@ def run_cmd(
     if as_json:
         print(result.model_dump_json(indent=2))
     if junit is not None:  # each cell's verify step, one test suite per cell
-        from servelab.verify.junit import write_junit
+        from servelab.verify.junit import gpu_properties, write_junit
 
         names = {c.run_id: c.name for c in result.cells}
-        suites = [(names.get(s.run_id, s.run_id), s.verify) for s in result.runs if s.verify is not None]
+        suites = [(names.get(s.run_id, s.run_id), s.verify, gpu_properties(s)) for s in result.runs
+                  if s.verify is not None]
         err_console.print(f"junit: {write_junit(junit, suites, f'servelab run {result.name}')}", highlight=False)
     for line in result.write_errors:  # a full or read-only disk, a store that failed: what was not kept
         err_console.print(f"error: {line}", markup=False, highlight=False)

@@ -9,6 +9,11 @@ One <testsuite> per verified server (a `verify` call, or each cell of `run`), on
   "WARNING: REASON", so the reason is shown beside the test;
 - skip: <skipped message=REASON>.
 
+A suite's <properties> hold the server's URL and model and, for a cell of `run`, what its GPUs did per level
+(docs/metrics.md#gpu): `gpu.<step>.<level>.<figure>` for energy per output token, output tokens per joule, mean
+power and SM activity (`gpu.t<trial>.<step>.<level>.<figure>` when the cell ran several trials), so a CI can chart
+them; a cell whose levels had no GPU telemetry has one property, `gpu`, saying "not measured: why".
+
 Every test case's <system-out> holds the reason, the request sent (JSON) and the response excerpt, which is what
 Jenkins and GitLab show for a test. Checks not selected (--only/--skip) are not test cases, as they are not rows of
 the terminal table.
@@ -28,7 +33,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
-from servelab.records import CheckResult, VerifyResult
+from servelab.records import CheckResult, RunSummary, VerifyResult
 from servelab.textsafe import visible
 
 NOT_SELECTED = "not selected"  # verify/runner.py's reason for a check --only or --skip left out
@@ -63,7 +68,36 @@ def case_output(check: CheckResult) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def testsuite(result: VerifyResult, name: str, index: int = 0, timestamp: float | None = None) -> ET.Element:
+# The GPU figures a cell's suite carries as properties, per level (bench/figures.py GPU_FIGURES keys).
+GPU_PROPERTIES = ("j_per_output_token", "output_tokens_per_j", "gpu_power_w_mean", "gpu_sm_active_pct_mean")
+
+
+def gpu_properties(summary: RunSummary) -> list[tuple[str, str]]:
+    """What a run's GPUs did, as (name, value) properties (module docstring); [] for a run whose levels have no GPU
+    summary at all (written before GPU telemetry)."""
+    several = len(summary.trials) > 1
+    levels = [(trial.index, step.name, s) for trial in summary.trials for step in trial.steps
+              for s in step.result.levels if s.gpu is not None]
+    if not levels:
+        return []
+    if not any(s.gpu.measured for _, _, s in levels):
+        reasons = dict.fromkeys((s.gpu.reason or "unknown").removeprefix("not measured: ") for _, _, s in levels)
+        return [("gpu", f"not measured: {'; '.join(reasons)}")]
+    out = []
+    for trial, step, s in levels:
+        prefix = f"gpu.{f't{trial + 1}.' if several else ''}{step}.{s.tag}"
+        if not s.gpu.measured:
+            out.append((prefix, f"not measured: {(s.gpu.reason or 'unknown').removeprefix('not measured: ')}"))
+            continue
+        for key in GPU_PROPERTIES:
+            fig = s.figures.get(key)
+            if fig is not None and fig.value is not None:
+                out.append((f"{prefix}.{key}", repr(float(fig.value))))
+    return out
+
+
+def testsuite(result: VerifyResult, name: str, index: int = 0, timestamp: float | None = None,
+              properties: Sequence[tuple[str, str]] = ()) -> ET.Element:
     checks = [c for c in result.checks if not (c.outcome == "skip" and c.reason == NOT_SELECTED)]
     failures = sum(1 for c in checks if c.outcome == "fail")
     skipped = sum(1 for c in checks if c.outcome == "skip")
@@ -74,8 +108,8 @@ def testsuite(result: VerifyResult, name: str, index: int = 0, timestamp: float 
         "skipped": str(skipped), "time": _seconds(total_ms), "timestamp": when,
         "hostname": xml_text(socket.gethostname() or "localhost"), "id": str(index), "package": "servelab.verify"})
     props = ET.SubElement(suite, "properties")
-    for key, value in (("url", result.url), ("model", result.model or "")):
-        ET.SubElement(props, "property", {"name": key, "value": xml_text(value)})
+    for key, value in (("url", result.url), ("model", result.model or ""), *properties):
+        ET.SubElement(props, "property", {"name": xml_text(key), "value": xml_text(value)})
     classname = _classname(result, name)
     for check in checks:
         case = ET.SubElement(suite, "testcase", {"name": xml_text(f"{check.id}: {check.title}"),
@@ -94,10 +128,12 @@ def testsuite(result: VerifyResult, name: str, index: int = 0, timestamp: float 
     return suite
 
 
-def junit_document(suites: Sequence[tuple[str, VerifyResult]], name: str = "servelab verify") -> bytes:
-    """A <testsuites> document of one suite per (name, result)."""
+def junit_document(suites: Sequence[tuple[str, VerifyResult] | tuple[str, VerifyResult, Sequence[tuple[str, str]]]],
+                   name: str = "servelab verify") -> bytes:
+    """A <testsuites> document of one suite per (name, result) or (name, result, extra properties)."""
     root = ET.Element("testsuites", {"name": xml_text(name)})
-    elements = [testsuite(result, suite_name, i) for i, (suite_name, result) in enumerate(suites)]
+    elements = [testsuite(suite[1], suite[0], i, properties=suite[2] if len(suite) > 2 else ())
+                for i, suite in enumerate(suites)]
     for key in ("tests", "failures", "errors"):
         root.set(key, str(sum(int(e.get(key, "0")) for e in elements)))
     root.set("time", f"{sum(float(e.get('time', '0')) for e in elements):.3f}")
@@ -106,7 +142,7 @@ def junit_document(suites: Sequence[tuple[str, VerifyResult]], name: str = "serv
     return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
 
 
-def write_junit(path: Path, suites: Sequence[tuple[str, VerifyResult]], name: str = "servelab verify") -> Path:
+def write_junit(path: Path, suites: Sequence, name: str = "servelab verify") -> Path:
     """Write the document atomically (a CI never reads half a file); a UserError naming the path if it cannot."""
     from servelab.errors import UserError, os_error_words
 
