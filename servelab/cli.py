@@ -115,6 +115,9 @@ def up(
                                                    "budget): stop the engine, or wait and only report it.")] = "stop",
     stall_budget: Annotated[Optional[float], typer.Option(help="Seconds without progress that make a stall, "
                                                                "whatever the phase (default: per phase).")] = None,
+    stacks: Annotated[bool, typer.Option("--stacks/--no-stacks", help="Read the engine's stacks (py-spy) when a "
+                                         "phase has been silent for half its budget and at a stall, and name what "
+                                         "they show in the verdict.")] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Start an engine, show its start-up phases live, and keep it serving until Ctrl-C.
@@ -135,7 +138,7 @@ def up(
     spec = spec.model_copy(update={"tp": tp, "executable": executable, "stall_budget_s": stall_budget,
                                    "options": dict(item.split("=", 1) for item in option or [] if "=" in item)})
     with start_engine(spec, log_dir, view=launch_view(out), ready_timeout_s=ready_timeout,
-                      stall_action=stall_action) as running:
+                      stall_action=stall_action, stacks=stacks) as running:
         result = running.result()
         render_lint(out, result.lint)
         if as_json:

@@ -4,7 +4,9 @@ that it is alive, until it is ready, dies, stalls or runs out of time.
 Ready means the probe says so (`adapter.probe_state` of GET `probe_path`) while the process is alive: a log line
 alone is never trusted (a server can print "listening" and still answer 503, or the line can come from a
 different process). The log gives the phases in between; evidence samples (lifecycle/evidence.py) taken about
-once a second tell a slow phase from a hung one (lifecycle/diagnose.py).
+once a second tell a slow phase from a hung one (lifecycle/diagnose.py). When a phase has been silent for half its
+budget, and again when it stalls, the engine's stacks are read in the background (lifecycle/stall_stacks.py) and a
+stall verdict ends with what they showed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from servelab.lifecycle.phases import LogTailer, PhaseTracker
 from servelab.lifecycle.ports import ensure_port_free, free_port
 from servelab.lifecycle.probe import POLL_S, Prober, ProbeReading
 from servelab.lifecycle.running import LOG_TAIL_LINES, RunningEngine
+from servelab.lifecycle.stall_stacks import DEADLINE_S as STACKS_DEADLINE_S
+from servelab.lifecycle.stall_stacks import StallStacks, message_lines, with_stacks
 from servelab.lifecycle.supervisor import SupervisedProcess, start_process
 from servelab.provenance import utc_now_iso
 from servelab.records import LaunchResult, Verdict
@@ -92,7 +96,8 @@ def prepare_launch(spec: EngineSpec) -> PreparedLaunch:
 
 def start_engine(spec: EngineSpec, log_dir: Path, on_update: Callable[[LaunchStatus], None] | None = None,
                  ready_timeout_s: float = 600.0, stop_grace_s: float = 10.0, stall_action: str = "stop",
-                 sample_every_s: float = SAMPLE_EVERY_S, view: LaunchView | None = None) -> RunningEngine:
+                 sample_every_s: float = SAMPLE_EVERY_S, view: LaunchView | None = None,
+                 stacks: bool = True) -> RunningEngine:
     """Start the engine `spec` describes and return once its probe says ready.
 
     Raises UserError before anything starts (unknown engine, engine not installed, port in use, missing model),
@@ -100,14 +105,15 @@ def start_engine(spec: EngineSpec, log_dir: Path, on_update: Callable[[LaunchSta
     stall_action="wait" a stall is only reported) or is not ready within `ready_timeout_s`. On any failure or
     interruption (Ctrl-C, an exception from `on_update` or the view) the whole process group is stopped before
     the exception propagates. `view` is told of the start-up after those refusals, so a refused launch draws
-    nothing; `on_update` alone gets only the statuses.
+    nothing; `on_update` alone gets only the statuses. `stacks=False` never reads the engine's stacks (`up
+    --no-stacks`); else a phase silent for half its budget, and a stall, have them read and named.
     """
     if stall_action not in STALL_ACTIONS:
         raise UserError(f"unknown stall action '{stall_action}'", hint="use stop or wait")
     prepared = prepare_launch(spec)
     if view is None:
         return _start_prepared(prepared, log_dir, on_update, ready_timeout_s, stop_grace_s, stall_action,
-                               sample_every_s)
+                               sample_every_s, stacks)
     view_update = view.update
     if on_update is not None:
         def both(status: LaunchStatus) -> None:
@@ -117,7 +123,7 @@ def start_engine(spec: EngineSpec, log_dir: Path, on_update: Callable[[LaunchSta
     view.starting(prepared.adapter.title)
     try:
         engine = _start_prepared(prepared, log_dir, view_update, ready_timeout_s, stop_grace_s, stall_action,
-                                 sample_every_s)
+                                 sample_every_s, stacks)
     except BaseException:
         view.ended(None)
         raise
@@ -131,7 +137,7 @@ def start_engine(spec: EngineSpec, log_dir: Path, on_update: Callable[[LaunchSta
 
 def _start_prepared(prepared: PreparedLaunch, log_dir: Path, on_update: Callable[[LaunchStatus], None] | None,
                     ready_timeout_s: float, stop_grace_s: float, stall_action: str,
-                    sample_every_s: float) -> RunningEngine:
+                    sample_every_s: float, stacks: bool = True) -> RunningEngine:
     spec, adapter, port, launch = prepared.spec, prepared.adapter, prepared.port, prepared.launch
     log_path = Path(log_dir) / f"{adapter.name}-{port}.log"
     tracker = PhaseTracker(adapter)
@@ -139,7 +145,7 @@ def _start_prepared(prepared: PreparedLaunch, log_dir: Path, on_update: Callable
     t0 = time.monotonic()
     process = start_process(launch.command, log_path, env=launch.env)
     watch = _StartupWatch(adapter, launch, process, tracker, lambda: time.monotonic() - t0, on_update,
-                          ready_timeout_s, spec.stall_budget_s, stall_action, sample_every_s)
+                          ready_timeout_s, spec.stall_budget_s, stall_action, sample_every_s, stacks)
     try:
         ready_s, probe = watch.run()
     except BaseException:
@@ -157,7 +163,8 @@ class _StartupWatch:
 
     def __init__(self, adapter: EngineAdapter, launch: Launch, process: SupervisedProcess, tracker: PhaseTracker,
                  clock: Callable[[], float], on_update: Callable[[LaunchStatus], None] | None,
-                 ready_timeout_s: float, stall_budget_s: float | None, stall_action: str, sample_every_s: float):
+                 ready_timeout_s: float, stall_budget_s: float | None, stall_action: str, sample_every_s: float,
+                 stacks: bool = True):
         self.adapter, self.launch, self.process, self.tracker = adapter, launch, process, tracker
         self.clock, self.on_update, self.ready_timeout_s = clock, on_update, ready_timeout_s
         self.stall_action, self.sample_every_s = stall_action, sample_every_s
@@ -166,6 +173,11 @@ class _StartupWatch:
         self.observer = StartupObserver(adapter, tracker, self.sampler, self.judge)
         self.verdict: Verdict | None = None
         self.verdicts: list[Verdict] = []  # one per change of state, for the record
+        self.stacks = StallStacks(process.pid, adapter, enabled=stacks, clock=clock)
+        # the silent stretches (by their start) whose stacks were asked for, at half the budget and at the stall
+        self._half_budget_for: float | None = None
+        self._stall_for: float | None = None
+        self._stall: tuple[float, Verdict] | None = None  # a stall being stopped: when, and its verdict
 
     def run(self) -> tuple[float, ProbeReading]:
         tailer = LogTailer(self.process.log_path, start_offset=self.process.log_offset)
@@ -204,9 +216,9 @@ class _StartupWatch:
                 if now - last_sample_s >= self.sample_every_s:
                     last_sample_s = now
                     self._sample(now, probe_state)
-                    if self.verdict is not None and self.verdict.state == "stalled" and self.stall_action == "stop":
-                        self.tracker.close(now)
-                        raise self._stalled(now)
+                if self._stop_for_stall(now):
+                    self.tracker.close(now)
+                    raise self._stalled(now)
                 status = self._status(now, probe_state)
                 if self.on_update is not None and (status.key() != last_key or now - last_update_s >= UPDATE_EVERY_S):
                     self.on_update(status)
@@ -220,10 +232,56 @@ class _StartupWatch:
     def _sample(self, now: float, probe: str) -> None:
         self.observer.sample(now, probe)
         current = self.tracker.current
-        self._set_verdict(self.judge.verdict(now, phase=current.name, phase_start_s=current.start_s,
-                                             progress=current.progress, probe=probe,
-                                             ready_line_s=self.tracker.ready_line_s,
-                                             last_line=self.tracker.last_line))
+        verdict = self.judge.verdict(now, phase=current.name, phase_start_s=current.start_s,
+                                     progress=current.progress, probe=probe, ready_line_s=self.tracker.ready_line_s,
+                                     last_line=self.tracker.last_line)
+        self._set_verdict(self._ask_for_stacks(verdict, now))
+
+    # ---- stacks ----
+    def _silent_since(self, verdict: Verdict, now: float) -> float | None:
+        quiet = verdict.evidence.get("quiet_s")
+        return round(now - quiet, 1) if isinstance(quiet, (int, float)) else None
+
+    def _stacks_of_this_silence(self, verdict: Verdict, now: float):
+        """The latest stacks, if they were read during the silence the verdict describes."""
+        since = self._silent_since(verdict, now)
+        report = self.stacks.report
+        if report is None or since is None or self.stacks.started_at is None or self.stacks.started_at < since:
+            return None
+        return report
+
+    def _ask_for_stacks(self, verdict: Verdict, now: float) -> Verdict:
+        """Stacks at half the budget of silence and at a stall; the verdict with them once they are read."""
+        if not self.stacks.enabled:
+            return verdict
+        quiet, budget = verdict.evidence.get("quiet_s"), verdict.evidence.get("budget_s")
+        since = self._silent_since(verdict, now)
+        if verdict.state == "stalled":
+            if since != self._stall_for and (self.stacks.request("stall") or self.stacks.in_flight):
+                self._stall_for = since  # taken now, or the one in flight is this stall's
+        elif (verdict.state in ("loading", "starting") and isinstance(quiet, (int, float))
+              and isinstance(budget, (int, float)) and quiet >= budget / 2 and since != self._half_budget_for):
+            if self.stacks.request("half the budget"):
+                self._half_budget_for = since
+        report = self._stacks_of_this_silence(verdict, now)
+        if report is not None and verdict.state == "stalled":
+            return with_stacks(verdict, report)
+        if report is not None:
+            named = verdict.model_copy(deep=True)
+            named.evidence["stacks_summary"] = report.unavailable or report.summary
+            return named
+        return verdict
+
+    def _stop_for_stall(self, now: float) -> bool:
+        """A stall stops the engine once its stacks are read (or could not be within their deadline); the watch
+        goes on meanwhile, and evidence that moves again calls the stop off."""
+        if self.stall_action != "stop" or self.verdict is None or self.verdict.state != "stalled":
+            self._stall = None
+            return False
+        if self._stall is None:
+            self._stall = (now, self.verdict)
+        started, _ = self._stall
+        return not self.stacks.in_flight or now - started > STACKS_DEADLINE_S + 2.0
 
     def _set_verdict(self, verdict: Verdict) -> None:
         if self.verdict is None or self.verdict.state != verdict.state:
@@ -260,10 +318,16 @@ class _StartupWatch:
     def _stalled(self, now: float) -> EngineFailed:
         assert self.verdict is not None
         tail = self.process.log_tail(LOG_TAIL_LINES)
-        verdict = self.verdict.model_copy(deep=True)
+        declared_s, declared = self._stall or (now, self.verdict)
+        verdict = declared.model_copy(deep=True)  # as it was when the stall was called
+        report = self._stacks_of_this_silence(verdict, declared_s) if self.stacks.enabled else None
+        if report is not None and "stacks" not in verdict.evidence:
+            verdict = with_stacks(verdict, report)
         verdict.evidence["log_tail"] = tail
         verdict.evidence["stopped_by_servelab"] = True
-        message = (f"{self.adapter.title} stalled after {now:.1f} s and was stopped: {verdict.reason}"
+        stack_lines = message_lines(report) if report is not None else []
+        message = (f"{self.adapter.title} stalled after {declared_s:.1f} s and was stopped: {verdict.reason}"
+                   + ("; its processes:\n  " + "\n  ".join(stack_lines) if stack_lines else "")
                    + ("; last log lines:\n  " + "\n  ".join(tail[-8:]) if tail else ""))
         hint = (f"if it is only slow, allow more with --stall-budget SECONDS or keep waiting with --stall-action "
                 f"wait; `servelab doctor --pid PID --stacks` shows where a live one is stuck; full log: "

@@ -1,0 +1,79 @@
+"""`up`'s stall verdict names what the engine's stacks showed: the replayed SGLang tp=8 hung in its weight load,
+read with the real py-spy while servelab's start-up watch goes on.
+
+The replay (servelab/engines/replay.py) is a real process tree whose ranks run stand-ins named as SGLang's own
+functions; hang-in-load freezes every one of them in the loader at 40 % of the weights. Speed 200 and a 3 s stall
+budget keep each test a few seconds.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from servelab.engines import EngineSpec
+from servelab.errors import EngineFailed
+from servelab.lifecycle.launch import LaunchStatus, start_engine
+
+pytestmark = pytest.mark.timeout(90)
+STALL_BUDGET_S = 3.0
+
+
+def hung(**kw) -> EngineSpec:
+    return EngineSpec(engine="replay-sglang", model="smollm2", options={"speed": "200", "variant": "hang-in-load"},
+                      stall_budget_s=STALL_BUDGET_S, **kw)
+
+
+def test_a_stall_verdict_ends_with_what_the_stacks_showed(tmp_path):
+    updates: list[LaunchStatus] = []
+    with pytest.raises(EngineFailed) as info:
+        start_engine(hung(), tmp_path, on_update=updates.append, ready_timeout_s=60)
+    verdict = info.value.launch_result.verdict
+    assert verdict.state == "stalled" and verdict.evidence["stopped_by_servelab"] is True
+    # The reason is the evidence's, then the stacks' summary: every rank frozen in the loader.
+    assert verdict.reason.startswith("nothing moved for 3 s in phase 'loading weights'")
+    assert re.search(r"; stacks: 8 of 8 ranks loading weights \(\w*weights_iterator\), stacks unchanged for "
+                     r"[\d.]+ s", verdict.reason), verdict.reason
+    report = verdict.evidence["stacks"]
+    assert report["verdict"] == "loading" and report["samples"] >= 2
+    ranks = [p for p in report["processes"] if (p["role"] or "").endswith("scheduler")]
+    assert sorted(p["role"] for p in ranks) == [f"TP{n} scheduler" for n in range(8)]
+    assert all(p["kind"] == "loading" and p["moving"] is False for p in ranks)
+    # The message `up` prints holds a few of the per-process lines, ranks first.
+    message = info.value.message
+    assert "its processes:\n  TP0 scheduler (pid " in message and "loading weights" in message
+    assert "more processes (in the verdict's evidence)" in message
+    # The stacks were read off the watch loop: the statuses kept coming while py-spy sampled (a second apart at
+    # most, the UPDATE_EVERY_S cadence with room for a loaded host), and the stall was called within its budget.
+    stalled_at = next(u.elapsed_s for u in updates if u.verdict and u.verdict.state == "stalled")
+    after = [u.elapsed_s for u in updates if u.elapsed_s >= stalled_at]
+    assert after[-1] - stalled_at > 1.0, "the stop did not wait for the stacks"
+    assert max(b - a for a, b in zip(after, after[1:])) < 1.5
+    assert STALL_BUDGET_S <= verdict.evidence["quiet_s"] < STALL_BUDGET_S + 3
+
+
+def test_up_prints_the_stacks_of_a_stall_and_no_stacks_skips_them(tmp_path):
+    base = [sys.executable, "-m", "servelab.cli", "up", "replay-sglang", "--option", "variant=hang-in-load",
+            "--option", "speed=200", "--stall-budget", str(STALL_BUDGET_S), "--log-dir", str(tmp_path)]
+    named = subprocess.run(base, capture_output=True, text=True, timeout=60)
+    assert named.returncode != 0
+    out = named.stdout + named.stderr
+    assert "stalled after" in out and "stacks: 8 of 8 ranks loading weights" in out, out[-3000:]
+    assert re.search(r"TP\d scheduler \(pid \d+\): loading weights .*stack unchanged for", out)
+    skipped = subprocess.run([*base, "--no-stacks"], capture_output=True, text=True, timeout=60)
+    assert skipped.returncode == named.returncode
+    out = skipped.stdout + skipped.stderr
+    assert "stalled after" in out and "stacks:" not in out and "scheduler (pid" not in out
+
+
+def test_without_stacks_the_stall_stops_at_once_and_names_none(tmp_path):
+    updates: list[LaunchStatus] = []
+    with pytest.raises(EngineFailed) as info:
+        start_engine(hung(), tmp_path, on_update=updates.append, ready_timeout_s=60, stacks=False)
+    verdict = info.value.launch_result.verdict
+    assert verdict.state == "stalled" and "stacks" not in verdict.evidence and "stacks:" not in verdict.reason
+    # Nothing to wait for: the engine was stopped in the same turn of the watch that called the stall.
+    assert updates and not [u for u in updates if u.verdict and u.verdict.state == "stalled"]
