@@ -78,6 +78,8 @@ async def begin(state: RunState, spec: LevelSpec) -> None:
         state.on_level(spec.tag, spec.planned_s, spec.cap_s, spec.planned_requests)
     if state.environment is not None:
         state.environment.start_level()
+    if state.idle_stacks is not None:
+        state.idle_stacks.start_level()
     if state.watcher is not None:
         await state.watcher.start_level()
 
@@ -120,6 +122,8 @@ async def finish(state: RunState, spec: LevelSpec, records: list[RequestRecord],
                 and lag.value > CLIENT_LAG_WARN_MS:
             summary.warnings.append(f"client lag p99 {lag.value:.1f} ms: sends went out late, so the load offered "
                                     f"was below the schedule's (the client, not the server, limited it)")
+    if state.idle_stacks is not None:  # what the engine was doing when a stream went idle
+        await state.idle_stacks.attach(summary)
     return summary
 
 

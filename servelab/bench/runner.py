@@ -28,6 +28,7 @@ from servelab.bench.loads import Recorder, Target, make_spec
 from servelab.bench.modes import Mode, get_mode, mode_of
 from servelab.bench.sender import Sender
 from servelab.bench.server_metrics import MetricsWatcher
+from servelab.bench.stall_stacks import IdleDeadlineStacks
 from servelab.bench.state import BenchOptions, BenchStopped, RunState
 from servelab.bench.tokenizer import LlamaCppServerTokenizer, probe_server_tokenizer, tokenizer_from_option
 from servelab.bench.warmup import plan_warmup
@@ -160,6 +161,9 @@ async def run_bench(state: BenchState) -> BenchResult:
             state.on_engine(list(dict.fromkeys(environment.engine_roots)))
         if client.local_pids:  # the workers' CPU on this host is the client's, not other load
             environment.add_client_pids(client.local_pids)
+        on_record = state.recorder.on_record
+        state.idle_stacks = IdleDeadlineStacks(lambda: environment.engine_roots, adapter)
+        state.recorder.on_record = state.idle_stacks.watching(on_record)
         try:
             await until_contended(state, run_levels(state, run_mode, client, target))
         except BenchStopped as exc:
@@ -174,6 +178,9 @@ async def run_bench(state: BenchState) -> BenchResult:
                 result.levels[-1].warnings[-1] = "stopped early: the machine was busy (" + \
                     "; ".join(result.contended_stop) + "): this level did not run to the end"
             return result
+        finally:
+            state.recorder.on_record = on_record
+            state.idle_stacks.close()
     return state.result()
 
 

@@ -112,6 +112,8 @@ class RunState:
     # port), so the live progress shows their CPU as the engine's, not the client's.
     on_engine: Callable[[list[int]], None] | None = None
     server_slots: int | None = None  # what the server says it runs at once (llama.cpp /props total_slots)
+    # The engine's stacks when a level's stream hits its idle deadline (bench/stall_stacks.py), set by the runner.
+    idle_stacks: Any = None
 
     def level_done(self, summary: Summary) -> None:
         self.levels.append(summary)
