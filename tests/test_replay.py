@@ -19,8 +19,12 @@ from servelab.engines import EngineSpec, get_engine
 from servelab.errors import EngineFailed
 from servelab.lifecycle.doctor import diagnose
 from servelab.lifecycle.launch import LaunchStatus, start_engine
+from servelab.lifecycle.ports import free_port
 from servelab.lifecycle.probe import http_get
 from servelab.lifecycle.readback import read_runtime_config
+from servelab.lifecycle.stacks import read_stacks
+from servelab.models import resolve_model
+from servelab.records import ProcessStacks, StackReport
 
 TIMEOUT_S = 120
 
@@ -28,6 +32,19 @@ TIMEOUT_S = 120
 def replay(engine: str = "replay-sglang", speed: float = 200, variant: str = "normal", extra=(), **kw) -> EngineSpec:
     return EngineSpec(engine=engine, model="smollm2", options={"speed": str(speed), "variant": variant},
                       extra_args=list(extra), **kw)
+
+
+def frames_of(proc: ProcessStacks) -> list[list[tuple[str, str]]]:
+    """Each thread's Python frames as (function, file), innermost first."""
+    return [[(f.function, f.module or "") for f in t.frames if not f.native] for t in proc.threads]
+
+
+def calls(thread: list[tuple[str, str]], function: str, path: str) -> bool:
+    return any(fn.endswith(function) and module.endswith(path) for fn, module in thread)
+
+
+def schedulers(report: StackReport) -> dict[str, ProcessStacks]:
+    return {p.role: p for p in report.processes if p.role and p.role.endswith("scheduler")}
 
 
 def tree_gone(pids: list[int]) -> bool:
@@ -152,7 +169,8 @@ def test_crash_mid_load_names_sigkill_and_the_oom_killer(tmp_path):
 
 def test_never_bind_is_stalled_after_the_ready_line(tmp_path):
     with pytest.raises(EngineFailed) as info:
-        start_engine(replay(speed=200, variant="never-bind"), tmp_path, ready_timeout_s=TIMEOUT_S)
+        # stacks=False: this one is about the probe; the stall's stacks are tests/test_up_stacks.py's
+        start_engine(replay(speed=200, variant="never-bind"), tmp_path, ready_timeout_s=TIMEOUT_S, stacks=False)
     verdict = info.value.launch_result.verdict
     assert verdict.state == "stalled"
     assert "after the ready line" in verdict.reason and "probe still says down" in verdict.reason
@@ -200,6 +218,15 @@ def test_vllm_replay_binds_early_and_reports_its_version(tmp_path):
         status, body = http_get(running.url, "/version", 5)
         assert status == 200 and get_engine("vllm").fingerprint(json.loads(body))
         assert json.loads(body) == {"version": "0.33.0"}
+        # Its tree as vLLM's: the engine core and one worker per rank, each in its busy loop waiting for work.
+        report = read_stacks(running.pid, running.adapter, samples=1)
+        roles = {p.role for p in report.processes}
+        assert {"DP0 engine core", *(f"TP{n} worker" for n in range(8))} <= roles, roles
+        workers = [p for p in report.processes if p.role and p.role.endswith("worker")]
+        assert all(any(calls(t, "WorkerProc.worker_busy_loop", "vllm/v1/executor/multiproc_executor.py")
+                       for t in frames_of(p)) for p in workers)
+        core = next(p for p in report.processes if p.role == "DP0 engine core")
+        assert any(calls(t, "EngineCoreProc.run_busy_loop", "vllm/v1/engine/core.py") for t in frames_of(core))
 
 
 def test_ctrl_c_during_the_load_leaves_no_process(tmp_path):
@@ -216,3 +243,60 @@ def test_ctrl_c_during_the_load_leaves_no_process(tmp_path):
     assert tree_gone(seen)
     assert not any(p.pid in seen for p in psutil.process_iter() if p.status() != psutil.STATUS_ZOMBIE)
     assert os.getpid() not in seen
+
+
+def test_py_spy_sees_every_rank_in_the_loader_mid_load_and_in_its_request_loop_once_ready(story):
+    """The ranks run stand-ins named and laid out as SGLang's own modules (servelab/engines/replay_frames/), so the
+    real py-spy reads what a real SGLang tp=8 would show: mid-load, each scheduler's main thread in
+    DefaultModelLoader.load_model and its 8 loader threads in the multithread safetensors iterator; once ready,
+    each in Scheduler.event_loop_overlap waiting in recv_requests."""
+    loading = story["doctor"].stack_report  # doctor read the stacks while the weights loaded
+    assert loading is not None and loading.unavailable is None
+    ranks = schedulers(loading)
+    assert sorted(ranks) == [f"TP{n} scheduler" for n in range(8)]  # from their titles, sglang::scheduler_TP<n>
+    assert "detokenizer" in [p.role for p in loading.processes]
+    for role, proc in ranks.items():
+        threads = frames_of(proc)
+        assert any(calls(t, "DefaultModelLoader.load_model", "sglang/srt/model_loader/loader.py")
+                   and calls(t, "ModelRunner.load_model", "sglang/srt/model_executor/model_runner.py")
+                   and calls(t, "run_scheduler_process", "sglang/srt/managers/scheduler.py") for t in threads), role
+        loaders = [t for t in threads if calls(t, "_load_file", "sglang/srt/model_loader/weight_utils.py")]
+        assert len(loaders) == 8, (role, len(loaders))
+        assert proc.kind == "loading", (role, proc.line)
+    assert loading.verdict == "loading" and loading.summary.startswith("8 of 8 ranks loading weights")
+
+    running = story["engine"]
+    ready = read_stacks(running.pid, running.adapter, samples=2, interval_s=0.5)
+    assert ready.verdict == "idle", ready.summary
+    for role, proc in schedulers(ready).items():
+        assert any(calls(t, "Scheduler.recv_requests", "sglang/srt/managers/scheduler.py")
+                   and calls(t, "Scheduler.event_loop_overlap", "sglang/srt/managers/scheduler.py")
+                   for t in frames_of(proc)), role
+        assert not any(calls(t, "_load_file", "weight_utils.py") for t in frames_of(proc))  # the loader is gone
+    assert len(schedulers(ready)) == 8
+
+
+def test_deadlock_at_init_leaves_rank_3_in_all_reduce_and_the_others_in_broadcast(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "servelab.engines.replay", "--script", "sglang-tp8",
+                             "--speed", "50", "--variant", "deadlock-at-init", "--port", str(port),
+                             "--model-file", str(resolve_model("smollm2").path)],
+                            stdout=subprocess.DEVNULL, stderr=(tmp_path / "log").open("w"))
+    try:
+        time.sleep(9.4 / 50 + 1.0)  # past "Init torch distributed ends" at script second 9.4: nothing comes
+        report = read_stacks(proc.pid, get_engine("replay-sglang"), samples=2, interval_s=0.5)
+        ranks = schedulers(report)
+        assert len(ranks) == 8, report.summary
+        for role, p in ranks.items():
+            collective = "all_reduce" if role == "TP3 scheduler" else "broadcast"
+            assert any(calls(t, collective, "torch/distributed/distributed_c10d.py") for t in frames_of(p)), role
+            assert p.moving is False, p.line  # nothing moves
+        assert report.verdict not in ("loading", "idle", "busy"), report.summary
+        assert "Load weight begin" not in (tmp_path / "log").read_text()
+    finally:
+        proc.terminate()
+        proc.wait(10)
