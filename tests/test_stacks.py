@@ -273,3 +273,20 @@ def test_the_embedded_llamacpp_engine_loading_is_loading():
                        .stack_signatures)
     assert report.verdict == "loading"
     assert report.processes[0].activity == "loading the model"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# transformers serve 5.24 (the slow tier's .venv-tf, SmolLM2 as an HF folder), from py-spy's JSON kept as fixtures
+# --------------------------------------------------------------------------------------------------------------
+
+def test_transformers_serve_loading_idle_and_generating():
+    signatures = get_engine("transformers-serve").stack_signatures
+    loading = summarize(fixture_capture("transformers-5.24.0-loading.json"), signatures)
+    assert loading.verdict == "loading" and loading.processes[0].activity == "loading weights"
+    idle = summarize(fixture_capture("transformers-5.24.0-idle.json"), signatures)
+    assert idle.verdict == "idle"
+    (p,) = idle.processes
+    assert p.role == "HTTP server" and p.activity == "idle in the event loop" and p.detail == "uvicorn"
+    busy = summarize(fixture_capture("transformers-5.24.0-busy.json"), signatures)
+    assert busy.verdict == "busy"
+    assert busy.processes[0].activity == "generating"  # GenerationMixin.generate on its inference thread

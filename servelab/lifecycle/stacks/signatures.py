@@ -59,13 +59,13 @@ GENERIC_SIGNATURES: tuple[StackSignature, ...] = (
     # Tokenizing.
     StackSignature("tokenizing", "busy", modules=(r"(^|/)tokenizers/", r"transformers/tokenization_utils")),
     # HTTP servers: an idle event loop inside uvicorn or aiohttp is a server waiting for requests.
-    StackSignature("HTTP server idle", "idle", modules=_SELECT, within=(r"(^|/)uvicorn/",), detail="uvicorn"),
-    StackSignature("HTTP server idle", "idle", modules=_SELECT, within=(r"(^|/)aiohttp/",), detail="aiohttp"),
-    StackSignature("HTTP server idle", "idle", modules=_SELECT, within=(r"(^|/)socketserver\.py$",),
+    StackSignature("idle in the event loop", "idle", modules=_SELECT, within=(r"(^|/)uvicorn/",), detail="uvicorn"),
+    StackSignature("idle in the event loop", "idle", modules=_SELECT, within=(r"(^|/)aiohttp/",), detail="aiohttp"),
+    StackSignature("idle in the event loop", "idle", modules=_SELECT, within=(r"(^|/)socketserver\.py$",),
                    detail="http.server"),
     StackSignature("serving HTTP", "busy", modules=(r"uvicorn/protocols/", r"aiohttp/web_protocol\.py$"),
                    detail="uvicorn/aiohttp"),
-    StackSignature("event loop idle", "idle", modules=_SELECT, within=(r"(^|/)asyncio/base_events\.py$",),
+    StackSignature("idle in the event loop", "idle", modules=_SELECT, within=(r"(^|/)asyncio/base_events\.py$",),
                    detail="asyncio"),
     # Messaging and waits, the innermost first.
     StackSignature("waiting in zmq {function}", "waiting", modules=(r"(^|/)zmq/",),

@@ -141,7 +141,7 @@ def verdict(processes: Sequence[ProcessStacks], ranks: dict[int, int]) -> tuple[
 
     def count(procs: Sequence[ProcessStacks]) -> str:
         if total == 1 and len(procs) == 1:
-            return procs[0].role or f"pid {procs[0].pid}"
+            return f"pid {procs[0].pid}" + (f" ({procs[0].role})" if procs[0].role else "")
         return f"{len(procs)} of {total} {noun}"
 
     def described(procs: Sequence[ProcessStacks]) -> str:
