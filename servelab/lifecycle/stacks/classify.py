@@ -96,11 +96,13 @@ def _with_library(thread: ThreadStack, detail: str | None) -> str | None:
 def telling_thread(threads: Sequence[ThreadStack], engine_signatures: Sequence[StackSignature] = ()
                    ) -> tuple[ThreadStack | None, ThreadActivity]:
     """The process's most telling thread and what it does."""
-    best: tuple[tuple[int, int, int], ThreadStack | None, ThreadActivity] = (
-        (-1, -1, -1), None, ThreadActivity("no threads", "unknown"))
+    best: tuple[tuple[int, ...], ThreadStack | None, ThreadActivity] = (
+        (-1,), None, ThreadActivity("no threads", "unknown"))
     for thread in threads:
         activity = classify_thread(thread, engine_signatures)
-        score = (int(activity.engine), KIND_RANK.get(activity.kind, 0), int(bool(thread.active)))
+        # ties go to the main thread, where the engines run their loops, then to a thread on CPU
+        score = (int(activity.engine), KIND_RANK.get(activity.kind, 0), int(thread.name == "MainThread"),
+                 int(bool(thread.active)))
         if score > best[0]:
             best = (score, thread, activity)
     return best[1], best[2]
@@ -142,6 +144,11 @@ def role_of(command: Sequence[str], threads: Sequence[ThreadStack] = ()) -> Role
             vllm.group(1), vllm.group(1))
         parts = [p for p in (vllm.group(2) or "").split("_") if p]
         return Role(" ".join([*parts, name]) if parts else name, _rank(parts))
+    # front-ends that keep their command line: the API server (uvicorn on uvloop, so frames may not say it)
+    if re.search(r"vllm\.entrypoints|vllm serve|sglang\.launch_server|sglang serve", title):
+        return Role("API server")
+    if "multiprocessing.resource_tracker" in title:
+        return Role("resource tracker")
     if any(f.module and re.search(r"(^|/)(uvicorn|aiohttp)/", f.module) for t in threads for f in t.frames):
         return Role("HTTP server")
     return Role(None)

@@ -65,6 +65,8 @@ GENERIC_SIGNATURES: tuple[StackSignature, ...] = (
                    detail="http.server"),
     StackSignature("serving HTTP", "busy", modules=(r"uvicorn/protocols/", r"aiohttp/web_protocol\.py$"),
                    detail="uvicorn/aiohttp"),
+    StackSignature("idle in the event loop", "idle", native=True, functions=("uv__io_poll", "uv_run"),
+                   detail="uvloop"),
     StackSignature("idle in the event loop", "idle", modules=_SELECT, within=(r"(^|/)asyncio/base_events\.py$",),
                    detail="asyncio"),
     # Messaging and waits, the innermost first.
@@ -79,7 +81,8 @@ GENERIC_SIGNATURES: tuple[StackSignature, ...] = (
     StackSignature("reading a socket", "waiting", modules=(r"(^|/)socket\.py$", r"(^|/)ssl\.py$"),
                    functions=("SocketIO.readinto", "socket.accept", "SSLSocket.read", "SSLSocket.recv\\w*")),
     StackSignature("in select/poll ({function})", "waiting", native=True,
-                   functions=(r"select_\w*poll\w*", r"select_select\w*", "epoll_wait", "poll", "select")),
+                   functions=(r"select_\w*poll\w*", r"select_select\w*", "epoll_wait", "epoll_pwait", "poll", "ppoll",
+                              "select", "pselect6")),
     StackSignature("in select/poll ({function})", "waiting", modules=(r"(^|/)selectors\.py$",)),
     StackSignature("sleeping", "idle", native=True, functions=("time_sleep", "pysleep")),
     StackSignature("waiting for a queue ({function})", "waiting", modules=(r"(^|/)queue\.py$",)),

@@ -40,13 +40,16 @@ def summarize(capture: Capture, engine_signatures: Sequence[StackSignature] = ()
         report.summary = capture.unavailable
         return report
     ranks: dict[int, int] = {}
+    engine_named: set[int] = set()
     for pid in capture.pids:
-        proc, rank = process_stacks(pid, capture.commands.get(pid, []), capture.dumps.get(pid, []),
-                                    engine_signatures)
+        proc, rank, named = process_stacks(pid, capture.commands.get(pid, []), capture.dumps.get(pid, []),
+                                           engine_signatures)
         report.processes.append(proc)
         if rank is not None:
             ranks[pid] = rank
-    report.verdict, report.summary = verdict(report.processes, ranks)
+        if named:
+            engine_named.add(pid)
+    report.verdict, report.summary = verdict(report.processes, ranks, engine_named)
     if capture.left_out:
         report.summary += f" ({capture.left_out} more processes not read: over {len(capture.pids)})"
     if raw:
@@ -55,7 +58,8 @@ def summarize(capture: Capture, engine_signatures: Sequence[StackSignature] = ()
 
 
 def process_stacks(pid: int, command: list[str], dumps: list[Dump], engine_signatures: Sequence[StackSignature]
-                   ) -> tuple[ProcessStacks, int | None]:
+                   ) -> tuple[ProcessStacks, int | None, bool]:
+    """One process across its dumps; its TP rank (from its title); whether an engine signature named it."""
     shown_command = inert(" ".join(redact_command(command)))[:500] if command else None
     read = [d for d in dumps if d.threads is not None]
     last = read[-1].threads if read else []
@@ -66,7 +70,7 @@ def process_stacks(pid: int, command: list[str], dumps: list[Dump], engine_signa
         error = next((d.error for d in reversed(dumps) if d.error), "no dump taken")
         proc.error = inert(error)
         proc.line = f"{who}: no stacks: {proc.error}"
-        return proc, role.rank
+        return proc, role.rank, False
     keys: list[tuple[float, tuple]] = []
     activity = ThreadActivity("no threads", "unknown")
     for dump in read:
@@ -97,7 +101,7 @@ def process_stacks(pid: int, command: list[str], dumps: list[Dump], engine_signa
     proc.line = f"{who}: {inert(phrase)}{_motion(proc)}"
     if not read[-1].native:
         proc.line += " (Python frames only: the process could not be paused)"
-    return proc, role.rank
+    return proc, role.rank, activity.engine
 
 
 def _key(thread: ThreadStack | None) -> tuple:
@@ -126,14 +130,18 @@ def _inert_thread(thread: ThreadStack) -> ThreadStack:
 # The tree's verdict
 # --------------------------------------------------------------------------------------------------------------
 
-def verdict(processes: Sequence[ProcessStacks], ranks: dict[int, int]) -> tuple[str, str]:
+def verdict(processes: Sequence[ProcessStacks], ranks: dict[int, int], engine_named: set[int] = frozenset()
+            ) -> tuple[str, str]:
     read = [p for p in processes if p.error is None]
     if not read:
         errors = [p.error for p in processes if p.error]
         return "unknown", "no stacks could be read: " + (errors[0] if errors else "no processes")
     ranked = [p for p in read if p.pid in ranks]
-    principal = ranked or read
-    total = len([p for p in processes if p.pid in ranks]) if ranked else len(processes)
+    # the ranks, else the processes the engine's own signatures name (a resource tracker or a launcher waiting on
+    # its children says little about the engine), else every process read
+    principal = ranked or [p for p in read if p.pid in engine_named] or read
+    total = (len([p for p in processes if p.pid in ranks]) if ranked
+             else len(principal) if principal is not read else len(processes))
     noun = "ranks" if ranked else "processes"
 
     def groups(procs: Sequence[ProcessStacks]) -> str:
