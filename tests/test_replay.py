@@ -260,8 +260,10 @@ def test_py_spy_sees_every_rank_in_the_loader_mid_load_and_in_its_request_loop_o
         assert any(calls(t, "DefaultModelLoader.load_model", "sglang/srt/model_loader/loader.py")
                    and calls(t, "ModelRunner.load_model", "sglang/srt/model_executor/model_runner.py")
                    and calls(t, "run_scheduler_process", "sglang/srt/managers/scheduler.py") for t in threads), role
-        loaders = [t for t in threads if calls(t, "_load_file", "sglang/srt/model_loader/weight_utils.py")]
-        assert len(loaders) == 8, (role, len(loaders))
+        pool = [t for t in proc.threads if (t.name or "").startswith("ThreadPoolExecutor")]
+        reading = [t for t in frames_of(proc) if calls(t, "_load_file", "sglang/srt/model_loader/weight_utils.py")]
+        # SGLang's 8 loader threads, all in _load_file but one or two caught between two shards
+        assert len(pool) == 8 and len(reading) >= 6, (role, len(pool), len(reading))
         assert proc.kind == "loading", (role, proc.line)
     assert loading.verdict == "loading" and loading.summary.startswith("8 of 8 ranks loading weights")
 

@@ -30,7 +30,8 @@ def multi_thread_safetensors_weights_iterator(hf_weights_files, max_workers=8, s
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers) as executor:
         shards = itertools.takewhile(lambda _: state.in_phase("load"), itertools.cycle(hf_weights_files))
-        futures = [executor.submit(_load_file, st_file) for st_file in itertools.islice(shards, max_workers)]
+        # two shards queued per thread, so a thread that finishes one starts the next at once
+        futures = [executor.submit(_load_file, st_file) for st_file in itertools.islice(shards, 2 * max_workers)]
         while futures:
             done, pending = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_COMPLETED)
             futures = list(pending) + [executor.submit(_load_file, st) for st in itertools.islice(shards, len(done))]
