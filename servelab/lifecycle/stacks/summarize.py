@@ -4,7 +4,8 @@ per process, and the tree's verdict in one summary line.
 A process's stack "moved" when its telling thread's frames (function, file and line, innermost first) differ
 between two samples; `unchanged_s` is how long the last of them stayed the same, measured between the samples
 (so it is at most the window watched, never a guess about before it). The verdict looks at the ranks (processes
-whose title names a tensor-parallel rank) when there are any, else at every process read:
+whose title names a tensor-parallel rank) when there are any, else at the processes an engine signature named,
+else at every process read:
 
 - deadlock: ranks in collectives with unchanged stacks, where the ranks disagree (different collectives, or some
   ranks not in one), or all wait in the same one (a peer that never joins);
