@@ -77,3 +77,30 @@ def test_without_stacks_the_stall_stops_at_once_and_names_none(tmp_path):
     assert verdict.state == "stalled" and "stacks" not in verdict.evidence and "stacks:" not in verdict.reason
     # Nothing to wait for: the engine was stopped in the same turn of the watch that called the stall.
     assert updates and not [u for u in updates if u.verdict and u.verdict.state == "stalled"]
+
+
+def test_one_capture_at_a_time_and_never_two_back_to_back(tmp_path):
+    """StallStacks against a real process, read with the real py-spy: a request while one is in flight starts
+    nothing, nor one right after it ended; once MIN_GAP_S has passed, another starts."""
+    import time
+
+    from servelab.lifecycle.stall_stacks import MIN_GAP_S, StallStacks
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait(60)"])
+    try:
+        time.sleep(0.5)  # let it reach its wait
+        stacks = StallStacks(sleeper.pid, None)
+        assert stacks.request("half the budget") is True
+        assert stacks.in_flight and stacks.request("stall") is False
+        stacks.wait(15)
+        assert not stacks.in_flight and stacks.report is not None and stacks.reason == "half the budget"
+        assert stacks.report.unavailable is None and len(stacks.report.processes) == 1, stacks.report.summary
+        assert stacks.request("stall") is False  # too soon after the last
+        time.sleep(MIN_GAP_S + 0.1)
+        assert stacks.request("stall") is True and stacks.captures == 2
+        stacks.wait(15)
+        assert stacks.reason == "stall"
+        assert StallStacks(sleeper.pid, None, enabled=False).request("stall") is False
+    finally:
+        sleeper.kill()
+        sleeper.wait(10)
