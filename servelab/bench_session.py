@@ -10,6 +10,8 @@ run directory is written first, and a store or disk that fails then is a line in
 
 from __future__ import annotations
 
+import dataclasses
+
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +98,10 @@ class BenchSession:
         """Run the bench, its progress shown on `ui` (live on a terminal, a line every 10 s elsewhere). Ctrl-C
         ends it with the partial result (`interrupted`); a set-up error leaves no empty run directory behind."""
         rundir = self.rundir
+        if rundir is not None and options.gpu_series is None:  # what the GPUs did, beside the records
+            from servelab.host.gpu_telemetry.sampler import SERIES_FILE
+
+            options = dataclasses.replace(options, gpu_series=rundir.path / SERIES_FILE)
         progress = LevelProgress()
         with ui.status("benchmarking…") as status, \
                 progress.printing(ui, every_s=None if ui.is_terminal else PIPE_PROGRESS_S, status=status):
@@ -116,7 +122,7 @@ class BenchSession:
         """Judge the error gate, then write the run directory (first: it never depends on the store), the CSV
         files when asked, and the store."""
         from servelab.store.db import Store, store_write_failure
-        from servelab.store.export import export_csv
+        from servelab.store.export import export_csv, series_of
         from servelab.store.runs import save_bench
 
         broken = error_gate(result.levels, options.max_error_rate)
@@ -129,7 +135,7 @@ class BenchSession:
         rundir.write_json("summary.json", result)
         if self.output.csv:
             try:
-                export_csv(rundir.iter_records(), result.levels, rundir.path)
+                export_csv(rundir.iter_records(), result.levels, rundir.path, series_of(rundir.path))
             except UserError as exc:  # store/files.py: the path and the errno
                 not_written.append(exc.message)
         stored_in = self.output.store_path

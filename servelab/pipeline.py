@@ -161,11 +161,15 @@ class CellSession:
         self.summary.trials.append(trial)
         many = self.plan.trials > 1
         try:
-            for name, base in self.plan.steps:
+            for step_no, (name, base) in enumerate(self.plan.steps):
                 opts = dataclasses.replace(base, model=base.model or self.served_model, trial=index,
                                            engine_pids=[self.engine.pid] if self.engine else [],
                                            stop_when_contended_s=self.plan.stop_when_contended_s,
-                                           workload=in_series(base.workload, index, name))
+                                           workload=in_series(base.workload, index, name),
+                                           # what the GPUs did, one series per bench (docs/output.md#gpu-series)
+                                           gpu_series=self.rundir.path / f"gpu_series-{index}-{step_no}.jsonl.gz",
+                                           engine_findings=list(self.summary.launch.lint) if self.summary.launch
+                                           else [])
                 if base.mode == "sweep" and self._sweep_levels:
                     opts.sweep_levels = list(self._sweep_levels)  # every trial runs the first trial's levels
                 if not many:

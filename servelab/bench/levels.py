@@ -5,21 +5,24 @@
 - the load: the mode's generator (bench/loads/), returning the level's tally and its measurement window.
 - finish: recount tokens where the stream gave no per-chunk counts (after the load, so it never perturbs it,
   unless the level was long enough to fill a batch: bench/loads/common.py), summarise, attach the server's own
-  metrics, the most common errors, the steady state (the aggregate figures withheld when it was not reached) and
-  the environment; then, for a level with a load description, goodput and the SLO verdict when there are targets
-  and a warning when an uncapped open loop's sends ran late; then hand the summary to the run and stop the run if
-  the level found it cannot go on (BenchStopped).
+  metrics, the most common errors, the steady state (the aggregate figures withheld when it was not reached),
+  the environment and what the GPUs did (bench/gpu_run.py); then, for a level with a load description, goodput
+  and the SLO verdict when there are targets and a warning when an uncapped open loop's sends ran late; then
+  hand the summary to the run and stop the run if the level found it cannot go on (BenchStopped).
 
 `interrupted_level` is the same finish for the level Ctrl-C (or a busy machine) cut short, over the time it ran.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
 from servelab.bench import steady as steady_state
 from servelab.bench.failures import top_errors
+from servelab.bench.gpu_figures import not_measured
+from servelab.bench.gpu_run import attach_gpu
 from servelab.bench.level_spec import LevelSpec
 from servelab.bench.limits import DescriptorShortage, check_descriptors
 from servelab.bench.metrics import as_tally, goodput_figures, summarize
@@ -103,6 +106,7 @@ async def finish(state: RunState, spec: LevelSpec, records: list[RequestRecord],
                                                        budget=control.max_requests,
                                                        stall_reason=control.stall_reason()))
     attach_environment(summary, environment)
+    await attach_level_gpu(state, summary, tally, window)
     events = tally.in_window(window)[2]
     if summary.window_s > 0 and state.client is not None:
         warning = ceiling_warning(events / summary.window_s, state.client_ceiling, state.client.processes)
@@ -175,8 +179,34 @@ def interrupted_level(state: RunState) -> Summary | None:
         withhold(summary)
         unjudged(summary)
     attach_environment(summary, end_environment(state))
+    level_gpu(state, summary, as_tally(partial), window, mark=True)
     summary.warnings.append(INTERRUPTED_LEVEL)
     return summary
+
+
+async def attach_level_gpu(state: RunState, summary: Summary, tally, window: tuple[int, int]) -> None:
+    """What the GPUs did inside the level's window (bench/gpu_run.py), read off the event loop: a reading just
+    after the window, then the series over it."""
+    if state.gpu is None:
+        return
+    await asyncio.to_thread(level_gpu, state, summary, tally, window, True)
+
+
+def level_gpu(state: RunState, summary: Summary, tally, window: tuple[int, int], mark: bool) -> None:
+    """The level's GPU summary and figures over `window`, divided by the tokens output tok/s counts in it (none
+    when the level is not measured: its output tok/s is withheld, and J/token with it)."""
+    gpu = state.gpu
+    if gpu is None:
+        return
+    try:
+        if mark:
+            gpu.mark_end()
+        tokens, answer, _ = tally.in_window(window)
+        measured = is_measured(summary)
+        found = gpu.level(summary, window, tokens if measured else None, answer if measured else None)
+    except Exception as exc:  # the GPUs are evidence beside the figures, never a reason to lose them
+        found = not_measured(f"the GPU figures failed ({' '.join(str(exc).split())[:120]})")
+    attach_gpu(summary, found, state.options.engine_findings)
 
 
 def end_environment(state: RunState) -> EnvironmentSummary | None:

@@ -84,11 +84,23 @@ def build_options(a: BenchArgs) -> BenchOptions:
                         max_concurrency=a.max_concurrency or DEFAULT_SWEEP_MAX_CONCURRENCY, api_key=a.api_key,
                         plan=plan, tokenizer=a.tokenizer, steady=rule,
                         max_error_rate=a.max_error_rate, deadlines=build_deadlines(a),
-                        workers=parse_workers(a.workers), ray=check_ray(a.ray, a.workers))
+                        workers=parse_workers(a.workers), ray=check_ray(a.ray, a.workers),
+                        gpu=a.gpu, gpu_metrics=check_gpu_metrics(a.gpu_metrics))
     # The mode's own refusals here too, not only when the bench starts: an experiment checks its steps' options
     # through this function before any cell launches an engine.
     get_mode(a.mode).validate(options)
     return options
+
+
+def check_gpu_metrics(urls: list[str] | None) -> list[str]:
+    """--gpu-metrics: each an http(s) URL of a DCGM exporter's /metrics."""
+    out = []
+    for url in urls or []:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise UserError(f"bad --gpu-metrics '{url}'", hint="a DCGM exporter's URL, e.g. "
+                                                               "http://127.0.0.1:9400/metrics")
+        out.append(url)
+    return out
 
 
 def parse_warmup(value: int | str | None) -> int | None:

@@ -17,11 +17,13 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from servelab import aio
 from servelab.bench.client import ClientOptions, StreamClient
+from servelab.bench.gpu_run import GpuRun
 from servelab.bench.levels import INTERRUPTED_LEVEL, interrupted_level
 from servelab.bench.limits import DescriptorShortage, auth_headers, check_descriptors
 from servelab.bench.loads import Recorder, Target, make_spec
@@ -37,7 +39,7 @@ from servelab.bench.workloads import counter_for
 from servelab.engines import get_engine
 from servelab.engines.detect import detect_engine_config
 from servelab.errors import UserError
-from servelab.host.environment import EnvironmentSampler
+from servelab.host.environment import EnvironmentSampler, is_local_host
 from servelab.net import check_credentials, ensure_reachable, normalize_base_url
 from servelab.records import BenchResult, Figure, RequestRecord, Summary
 
@@ -61,7 +63,8 @@ class BenchState(RunState):
                              workload=opts.workload.describe(self.accepts_ignore_eos, self.accepts_min_tokens) |
                              {"engine_detected": self.engine,
                               "tokenizer": self.tokenizer.name if self.tokenizer else None} |
-                             ({"load_plan": load_plan} if load_plan is not None else {}),
+                             ({"load_plan": load_plan} if load_plan is not None else {}) |
+                             ({"gpu_telemetry": self.gpu.provenance()} if self.gpu is not None else {}),
                              levels=levels, stop_reason=self.stop_reason, interrupted=interrupted,
                              search=self.search, warnings=list(self.warnings),
                              workers=self.client.provenance() if self.client is not None else [])
@@ -157,6 +160,7 @@ async def run_bench(state: BenchState) -> BenchResult:
             MetricsWatcher(state.url, adapter.metric_names if adapter else {}, headers=headers) as watcher, \
             open_client(state, client_opts) as client:
         state.watcher, state.client, state.environment = watcher, client, environment
+        await open_gpu(state, environment.engine_roots)
         if state.on_engine is not None:
             state.on_engine(list(dict.fromkeys(environment.engine_roots)))
         if client.local_pids:  # the workers' CPU on this host is the client's, not other load
@@ -181,7 +185,21 @@ async def run_bench(state: BenchState) -> BenchResult:
         finally:
             state.recorder.on_record = on_record
             state.idle_stacks.close()
+            state.gpu.stop()  # every way out: the levels summarised, Ctrl-C, a crash (bench() closes it too)
     return state.result()
+
+
+async def open_gpu(state: BenchState, engine_roots: list[int]) -> None:
+    """The bench's GPU telemetry (bench/gpu_run.py): NVML only when the engine runs on this host (servelab
+    launched it, its process listens on the URL's port here, or the URL is this machine's)."""
+    opts = state.options
+    host = urlsplit(state.url).hostname
+    local = bool(opts.engine_pids) or bool(engine_roots) or is_local_host(host)
+    pids = list(opts.engine_pids) or list(engine_roots)
+    state.gpu = await asyncio.to_thread(GpuRun.open, enabled=opts.gpu, urls=list(opts.gpu_metrics), local=local,
+                                        series=opts.gpu_series, engine_pids=pids)
+    if state.environment is not None and state.gpu.sampler is not None:
+        state.gpu.add_engine_pids(set(state.environment.engine_roots))
 
 
 async def run_levels(state: BenchState, run_mode: Mode, client: Sender, target: Target) -> None:
@@ -290,3 +308,5 @@ def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], 
         return state.result(interrupted=True)
     finally:
         recorder.flush()  # a record still waiting for its recount is written as counted, never lost
+        if state.gpu is not None:
+            state.gpu.close()  # the sampler stopped, a temporary series removed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from servelab.bench.client import Deadlines
@@ -72,6 +73,14 @@ class BenchOptions:
     # made it contended so far (experiments: the trial runs again once the machine is quiet,
     # experiment/contention.py); None: measure to the end and mark the level contended.
     stop_when_contended_s: float | None = None
+    # What the GPUs did (bench/gpu_run.py; docs/metrics.md#gpu): sampled unless `gpu` is False, from NVML when the
+    # engine runs on this host, else the DCGM exporters at `gpu_metrics` (and dcgm-exporter's default local one),
+    # else amdsmi; the series goes to `gpu_series` (the run directory's), or a temporary file removed at the end.
+    gpu: bool = True
+    gpu_metrics: list[str] = field(default_factory=list)
+    gpu_series: Path | None = None
+    # The engine's lint findings when servelab launched it: GPU hints name the setting that explains them.
+    engine_findings: list[Any] = field(default_factory=list)
 
 
 class BenchStopped(Exception):
@@ -99,6 +108,7 @@ class RunState:
     search: dict[str, Any] | None = None  # slo-search: probes, bracket and answer (bench/modes/slo_search.py)
     client: Sender | None = None  # the run's client, for the requests it recorded as cancelled
     environment: EnvironmentSampler | None = None  # what the machine did during each level (host/environment.py)
+    gpu: Any = None  # the bench's GPU telemetry (bench/gpu_run.GpuRun), set by the runner
     warnings: list[str] = field(default_factory=list)  # about the whole bench (BenchResult.warnings)
     contended_stop: list[str] | None = None  # why the bench was ended early on a busy machine (stop_when_contended_s)
     # Told when a level begins: (tag, planned seconds, cap seconds, planned requests), for the live progress

@@ -13,7 +13,7 @@ from servelab.compare.metrics import run_reasoning_share
 from servelab.compare.run_data import RunData
 
 # What describes the server rather than the workload: expected to differ between cells.
-NOT_WORKLOAD = {"engine_detected"}
+NOT_WORKLOAD = {"engine_detected", "gpu_telemetry"}
 # Headline figures whose `counted_by` says how their tokens were counted.
 COUNTED = ("single.decode_tok_s", "peak.output_tok_s")
 

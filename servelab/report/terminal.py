@@ -92,8 +92,8 @@ def render_levels(console: Console, result: BenchResult, gpu: bool = True) -> No
         if line:
             console.print(Text(f"  {line}", style="dim"))
     for s in result.levels:
-        for w in s.warnings:
-            console.print(Text(f"  {s.tag}: {w}", style="yellow"))
+        for w in s.warnings:  # an XID error is a driver or hardware fault: said loudly (docs/metrics.md#gpu-xid)
+            console.print(Text(f"  {s.tag}: {w}", style="bold red" if w.startswith("XID ERROR") else "yellow"))
     for s in result.levels:  # the most common errors, with the first response's excerpt (docs/metrics.md#errors)
         for e in s.top_errors:
             console.print(Text(f"  {s.tag} error: {inert(error_line(e))}", style="red"))
