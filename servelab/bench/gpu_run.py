@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,13 +92,16 @@ class GpuRun:
         return frozenset(tree)
 
     def mark_end(self) -> None:
-        """Take a reading now and write what the sampler holds, so the series has the reading just after a level's
-        window that its counters need (docs/metrics.md#gpu). Blocking (a read of the source): call it off the
-        event loop."""
+        """Wait for the sampler's next reading and write what it holds, so the series has the reading just after a
+        level's window that its counters need (docs/metrics.md#gpu). The sampler's own thread takes it: a source is
+        never read from two threads at once. Blocking (up to two intervals): call it off the event loop."""
         sampler = self.sampler
         if sampler is None or self._stopped:
             return
-        sampler.tick()
+        ticks = sampler.ticks
+        deadline = time.monotonic() + 2 * sampler.interval_s + 0.5
+        while sampler.ticks == ticks and time.monotonic() < deadline and not self._stopped:
+            time.sleep(min(0.02, sampler.interval_s / 4))
         flush = getattr(sampler, "flush", None)
         if flush is not None:
             flush()
