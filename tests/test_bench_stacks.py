@@ -17,6 +17,8 @@ import pytest
 
 import servelab
 from servelab.bench.stall_stacks import WARNING
+from servelab.engines import EngineSpec
+from servelab.lifecycle.launch import start_engine
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -115,3 +117,18 @@ def test_a_server_that_answers_has_no_stacks_read(tmp_path):
     finally:
         slot.kill()
         slot.wait(10)
+
+
+def test_the_replayed_sglang_hung_mid_decode_is_named_a_likely_deadlock_in_the_levels_warnings(tmp_path):
+    """The replayed SGLang tp=8 (hang-in-decode): every stream stops after its first token while rank 3's batch
+    waits in all_reduce and the other ranks' in broadcast; /health still answers. bench finds the engine by its
+    port, and the one capture of the level says what a user could not tell from the client."""
+    spec = EngineSpec(engine="replay-sglang", model="smollm2", options={"speed": "200", "variant": "hang-in-decode"})
+    with start_engine(spec, tmp_path, ready_timeout_s=60, stacks=False) as running:
+        run = servelab.bench(running.url, requests=3, max_tokens=8, warmup=0, timeout_idle=1.0, tokenizer="none")
+    level = run.result.levels[0]
+    assert [e.kind for e in level.top_errors] == ["timeout_idle"]
+    said = [w for w in level.warnings if w.startswith(WARNING)]
+    assert len(said) == 1, level.warnings
+    assert "ranks 0-2,4-7 in broadcast" in said[0] and "rank 3 in all_reduce" in said[0], said[0]
+    assert said[0].endswith("a likely deadlock"), said[0]

@@ -1,7 +1,7 @@
 """The log-replay engine: a real process that starts up like SGLang or vLLM, at compressed time.
 
     python -m servelab.engines.replay --script sglang-tp8 --speed 50 --port P [--host H]
-        [--variant hang-in-load|crash-9-mid-load|never-bind|slow-steady|deadlock-at-init] [--model-file F] [ENGINE FLAGS...]
+        [--variant hang-in-load|crash-9-mid-load|never-bind|slow-steady|deadlock-at-init|hang-in-decode] [--model-file F] [ENGINE FLAGS...]
 
 What it does, so that every liveness signal servelab reads is real, not mocked:
 - writes the engine's start-up log (servelab/engines/replay_logs/<script>.log) with live timestamps, one copy of
@@ -21,7 +21,9 @@ Variants: `hang-in-load` stops everything at 40 % of the weights (nothing moves:
 where it was; the process stays alive); `crash-9-mid-load` SIGKILLs itself there (as the OOM killer would);
 `never-bind` never opens the port but logs everything, ready line included; `slow-steady` loads weights at half
 speed with the bar updated only every quarter, while the reads keep flowing; `deadlock-at-init` stops at the end of
-distributed init with rank 3 in `all_reduce` and the other ranks in `broadcast`, nothing moving.
+distributed init with rank 3 in `all_reduce` and the other ranks in `broadcast`, nothing moving; `hang-in-decode`
+starts up normally, then every streamed request stops after its first token while the ranks' batch hangs with rank
+3 in `all_reduce` and the others in `broadcast` (/health still answers 200, as SGLang's can while requests hang).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from servelab.engines.replay_http import ReplayHTTP, ReplayState
 from servelab.engines.replay_ranks import ProcessTree, StartupState, entry_point
 from servelab.engines.replay_script import Script, Step, available_scripts, load_script, tqdm_line
 
-VARIANTS = ("normal", "hang-in-load", "crash-9-mid-load", "never-bind", "slow-steady", "deadlock-at-init")
+VARIANTS = ("normal", "hang-in-load", "crash-9-mid-load", "never-bind", "slow-steady", "deadlock-at-init",
+            "hang-in-decode")
 FAULT_AT = 0.4  # hang and crash happen at this fraction of the weight shards
 # Per rank: SGLang's 8 multithread-loader threads (DEFAULT_NUM_THREADS) plus the 8 or so that torch, NCCL and the
 # scheduler keep parked; 8 ranks then hold ~140 idle threads, as the story's 131.
@@ -117,6 +120,8 @@ class Replay:
                        "host": args.host, "port": args.port, "tp_size": args.tp, **self.flags}
         self.state = ReplayState(engine=self.engine, version=script.meta.get("version", "?"), model=self.model,
                                  server_args=server_args, graphs_captured=self.graphs)
+        if args.variant == "hang-in-decode":
+            self.state.hang_stream = self.hang_in_decode
         self.http = ReplayHTTP(args.host, args.port, self.state)
         self.tree = ProcessTree(self.engine, args.tp, args.variant, args.model_file, IDLE_THREADS_PER_RANK,
                                 park_threads)
@@ -127,7 +132,7 @@ class Replay:
     # ---- the process tree ----
     def fork_tree(self) -> None:
         """The engine's processes, forked before any thread exists (replay_ranks.py)."""
-        self.tree.fork()
+        self.tree.fork(leader_only=(self.http.server.socket.fileno(),))
         self.ranks = self.tree.pids
 
     def phase(self, phase: str) -> None:
@@ -222,6 +227,12 @@ class Replay:
             sys.stderr.flush()
         sys.stderr.write("\n")
         sys.stderr.flush()
+
+    def hang_in_decode(self) -> None:
+        """A stream's handler: the ranks' batch hangs in its collectives, and the stream with it, for ever."""
+        if self.startup.in_phase("ready"):
+            self.phase("decode-hang")
+        threading.Event().wait()
 
     def fault(self, variant: str) -> None:
         if variant == "crash-9-mid-load":

@@ -7,7 +7,7 @@ engine it imitates, so its phases may go 50 times shorter without evidence (neve
 two evidence samples).
 
 Options (`--option KEY=VALUE`): speed (default 50), variant (normal, hang-in-load, crash-9-mid-load, never-bind,
-slow-steady, deadlock-at-init). `--model` names the file the replay reads while it "loads weights" (default: the smollm2 GGUF).
+slow-steady, deadlock-at-init, hang-in-decode). `--model` names the file the replay reads while it "loads weights" (default: the smollm2 GGUF).
 `--extra` flags go to the imitated engine's command line (e.g. --disable-cuda-graph) and change the replay;
 `--model-path` (SGLang) / `--model` (vLLM) there names the model it serves, and `--reasoning-parser` separates the
 thinking of a reasoning model (replay_http.py).

@@ -98,6 +98,8 @@ class ReplayState:
     extra: dict[str, Any] = field(default_factory=dict)
     chat_tokenize: bool = True  # SGLang: whether /v1/tokenize takes messages (recent) or only a prompt (older)
     requests: list[dict[str, Any]] = field(default_factory=list)  # generation requests seen: path and body
+    # hang-in-decode: called when a stream stops after its first events; it never returns (replay.py)
+    hang_stream: Any = None
 
     def routes(self, path: str) -> tuple[int, Any]:
         path = path.split("?", 1)[0]
@@ -331,14 +333,23 @@ def _handler(state: ReplayState) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 self.answer(*state._json(*state.error(400, "the request body is not JSON")))
                 return
-            self.answer(*state.post(self.path, body))
+            status, data, content_type = state.post(self.path, body)
+            if state.hang_stream is not None and content_type == "text/event-stream":
+                # The first two events (the role, one token), then nothing: the engine hung mid-decode while the
+                # server stays up and /health still answers.
+                cut = data.find(b"\n\n", data.find(b"\n\n") + 2) + 2
+                self.answer(status, data, content_type, upto=cut)
+                state.hang_stream()
+                return
+            self.answer(status, data, content_type)
 
-        def answer(self, status: int, data: bytes, content_type: str) -> None:
+        def answer(self, status: int, data: bytes, content_type: str, upto: int | None = None) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            self.wfile.write(data if upto is None else data[:upto])
+            self.wfile.flush()
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # the replayed log is the engine's log; our probes would only add noise to it

@@ -27,8 +27,9 @@ from pathlib import Path
 
 FRAMES = Path(__file__).parent / "replay_frames"
 # Where the start-up is, in order. serve: the schedulers are up (their request loops run) but the server is not
-# yet taking requests; warmup: the server's own warm-up request is running a batch.
-PHASES = ("init", "load", "kv", "graph", "serve", "warmup", "ready")
+# yet taking requests; warmup: the server's own warm-up request is running a batch; decode-hang (hang-in-decode):
+# a batch that never ends, its ranks in collectives that never complete.
+PHASES = ("init", "load", "kv", "graph", "serve", "warmup", "ready", "decode-hang")
 READ_CHUNK = 64 << 10  # what one loader read takes from the model file; small: the cores are shared
 READ_PAUSE_S = 0.04  # between two reads of one loader thread: ~1.6 MB/s each, a few tens of MB/s a tree
 
@@ -63,6 +64,10 @@ class StartupState:
                 if not self._changed.wait(timeout) and timeout is not None and not self.frozen:
                     break
             return self.phase
+
+    def peers_never_join(self) -> bool:
+        """A collective called now never completes: the variants where the ranks disagree on which one."""
+        return self.variant == "deadlock-at-init" or self.phase == "decode-hang"
 
     def hold(self) -> None:
         """Where a frozen process stops: here, for ever, in the frame that called it."""
@@ -134,14 +139,15 @@ class ProcessTree:
         self._pipes: list[int] = []  # write ends, held open: a child exits when they close (we died)
         self.phase = "init"
 
-    def fork(self) -> None:
+    def fork(self, leader_only: tuple[int, ...] = ()) -> None:
         """One child per role, forked before any thread exists (forking a threaded process copies locks in
-        unknown states)."""
+        unknown states). `leader_only`: descriptors the children close (the HTTP socket: only the leader listens,
+        as only the real engine's HTTP server does)."""
         for role, rank, title in children_of(self.engine, self.tp):
             read_fd, write_fd = os.pipe()
             pid = os.fork()
             if pid == 0:
-                for fd in [write_fd, *self._pipes]:  # only the leader may keep a child's pipe open
+                for fd in [write_fd, *self._pipes, *leader_only]:  # only the leader keeps a child's pipe open
                     os.close(fd)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the leader's; the child goes with it

@@ -13,8 +13,8 @@ class Scheduler:
 
     def recv_requests(self):
         """Rank 0 polls the tokenizer's socket and broadcasts what came; the replay's wait for work."""
-        if self.state.in_phase("warmup"):
-            return ["warmup"]
+        if self.state.in_phase("warmup", "decode-hang"):
+            return ["batch"]
         self.state.wait_while("serve", "ready", timeout=1.0)
         return []
 

@@ -1,5 +1,7 @@
 """Stand-in (see sglang/__init__.py): SGLang 0.5.10's srt/model_executor/model_runner.py: ModelRunner's start-up, in its order."""
 
+import torch.distributed
+
 from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.model_loader import get_model
@@ -38,6 +40,12 @@ class ModelRunner:
         return self.forward_decode(forward_batch)
 
     def forward_decode(self, forward_batch):
+        if self.state.in_phase("decode-hang"):
+            # hang-in-decode: one rank took another branch; it all-reduces while the others wait for a broadcast
+            if self.tp_rank == 3:
+                torch.distributed.all_reduce([0.0])
+            else:
+                torch.distributed.broadcast([0.0], src=0)
         total = 0
         for i in range(2000):  # a little CPU, as a rank launching its kernels
             total += i

@@ -17,6 +17,8 @@ class EngineCore:
             self.model_executor.collective_rpc("graph")  # compile_or_warm_up_model
 
     def step(self):
+        if self.state.in_phase("decode-hang"):
+            return self.model_executor.execute_model(None)
         self.state.wait_while("warmup", timeout=0.005)
 
 
@@ -33,11 +35,11 @@ class EngineCoreProc(EngineCore):
     def run_busy_loop(self):
         while True:
             self._process_input_queue()
-            if self.state.in_phase("warmup"):
+            if self.state.in_phase("warmup", "decode-hang"):
                 self.step()
 
     def _process_input_queue(self):
-        if self.state.in_phase("warmup"):
+        if self.state.in_phase("warmup", "decode-hang"):
             return
         try:
             self.input_queue.get(timeout=1.0)  # the API server's requests: blocks while there are none

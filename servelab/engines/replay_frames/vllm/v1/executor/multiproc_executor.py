@@ -29,7 +29,7 @@ class WorkerProc:
                 self.worker.determine_available_memory()
             elif method == "graph":
                 self.worker.compile_or_warm_up_model()
-            elif method == "warmup":
+            elif method in ("warmup", "decode-hang"):
                 self.worker.execute_model(None)
 
 
@@ -47,3 +47,6 @@ class MultiprocExecutor:
 
     def collective_rpc(self, method):
         self.state.wait_while(method)  # every worker answers when its call returns
+
+    def execute_model(self, scheduler_output):
+        return self.collective_rpc("decode-hang")  # the workers' outputs: none comes while they hang

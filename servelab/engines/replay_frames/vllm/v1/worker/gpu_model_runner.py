@@ -1,5 +1,7 @@
 """Stand-in (see vllm/__init__.py): vLLM 0.33's vllm/v1/worker/gpu_model_runner.py: GPUModelRunner."""
 
+import torch.distributed
+
 from vllm.model_executor.model_loader import get_model
 
 
@@ -26,6 +28,12 @@ class GPUModelRunner:
         self.state.wait_while("graph", timeout=0.05)
 
     def execute_model(self, scheduler_output):
+        if self.state.in_phase("decode-hang"):
+            # hang-in-decode: one rank took another branch; it all-reduces while the others wait for a broadcast
+            if self.state.rank == 3:
+                torch.distributed.all_reduce([0.0])
+            else:
+                torch.distributed.broadcast([0.0], src=0)
         total = 0
         for i in range(2000):
             total += i
