@@ -209,8 +209,16 @@ def test_py_spys_own_error_texts_map_to_their_reasons():
     # as py-spy 0.4.3 prints them (captured here: another user's process, `sleep`, a pid that exited)
     refused = "Permission Denied: Try running again with elevated permissions by going 'sudo env \"PATH=$PATH\" !!'"
     assert explain_failure(os.getpid(), refused)[0].startswith(f"ptrace not permitted on pid {os.getpid()}")
-    assert "not a Python process" in explain_failure(
-        os.getpid(), "Error: Failed to find python version from target process\n\nStack backtrace:\n")[0]
+    no_version = "Error: Failed to find python version from target process\n\nStack backtrace:\n"
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert explain_failure(sleeper.pid, no_version) == (
+            f"pid {sleeper.pid} is not a Python process: py-spy reads only Python processes", True)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # a Python interpreter still starting has no version in its memory yet: not final, tried again next sample
+    assert explain_failure(os.getpid(), no_version)[1] is False
     gone = ("Error: Failed to get process executable name. Check that the process is running.\n\nCaused by:\n"
             "    0: No such file or directory (os error 2)")
     assert explain_failure(2**22 + 12345, gone) == (f"pid {2**22 + 12345} has exited", True)

@@ -201,6 +201,8 @@ def explain_failure(pid: int, stderr: str) -> tuple[str, bool]:
     if "Permission Denied" in text or "Operation not permitted" in text or "EPERM" in text:
         return not_permitted(pid), True
     if "Failed to find python version" in text or "Failed to find a python interpreter" in text:
+        if _looks_like_python(pid):  # an interpreter still starting has no version in memory yet: try again
+            return f"py-spy found no Python interpreter state in pid {pid} yet (still starting?)", False
         return f"pid {pid} is not a Python process: py-spy reads only Python processes", True
     if ("Check that the process is running" in text or "No such process" in text or "ESRCH" in text
             or not psutil.pid_exists(pid)):
@@ -209,6 +211,13 @@ def explain_failure(pid: int, stderr: str) -> tuple[str, bool]:
         return f"{_CANNOT_PAUSE} pid {pid} (stopped or traced)", False
     first = next((ln.strip() for ln in text.splitlines() if ln.strip() and "backtrace" not in ln.lower()), "")
     return f"py-spy failed on pid {pid}: {first.removeprefix('Error: ')[:200] or 'no message'}", False
+
+
+def _looks_like_python(pid: int) -> bool:
+    try:
+        return "python" in Path(psutil.Process(pid).exe()).name.lower()
+    except (psutil.Error, OSError):
+        return False
 
 
 def not_permitted(pid: int) -> str:
