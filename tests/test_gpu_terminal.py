@@ -12,7 +12,7 @@ from gpu_runs import expected_j_per_token, with_gpu, without_gpu
 from servelab.compare.sources import from_summary
 from servelab.report.compare_terminal import render_show
 from servelab.report.tables import PIPE_WIDTH
-from servelab.report.terminal import GPU_MARK, render_levels, sig
+from servelab.report.terminal import GPU_MARK, level_line, render_levels, sig
 from synthetic_runs import synthetic_run
 
 
@@ -81,3 +81,10 @@ def test_a_level_from_before_gpu_telemetry_says_nothing_of_gpus() -> None:
 def test_sig_keeps_three_digits_and_never_an_exponent() -> None:
     assert [sig(v) for v in (1234.5, 45.61, 3.162, 0.05123, 0.000123, 0.0, None)] == \
         ["1,234", "45.6", "3.16", "0.0512", "0.000123", "0.00", "–"]
+
+
+def test_a_trials_level_line_carries_its_energy_per_token() -> None:
+    summary, _ = synthetic_run("line")
+    level = with_gpu(summary.trials[0].sweep.levels[0])
+    assert level_line(level).endswith(f", {sig(expected_j_per_token(level))} J/token at 600 W")
+    assert "J/token" not in level_line(without_gpu(summary.trials[0].sweep.levels[1]))

@@ -303,6 +303,9 @@ def level_line(s: Summary) -> str:
     sd = s.server.spec_decode if s.server is not None else None
     if sd is not None and sd.acceptance_rate is not None:
         line += f", spec-decode acceptance {sd.acceptance_rate * 100:.0f} %"
+    gpu = s.gpu
+    if gpu is not None and gpu.measured and gpu.j_per_output_token is not None:  # docs/metrics.md#gpu
+        line += f", {sig(gpu.j_per_output_token)} J/token at {fmt(gpu.power_w_mean, 0)} W"
     return line
 
 
