@@ -188,7 +188,7 @@ def verdict(processes: Sequence[ProcessStacks], ranks: dict[int, int], engine_na
         # a process busy in native threads keeps its Python stack still by nature: its CPU time moved instead
         if all(p.moving is False and p.activity != NATIVE_BUSY for p in busy):
             return "stuck", (f"{described(principal)}, stacks unchanged for "
-                             f"{max(p.unchanged_s or 0.0 for p in busy):.1f} s: stuck (on CPU in the same place)")
+                             f"{max(p.unchanged_s or 0.0 for p in busy):.1f} s: stuck (the same stack in every sample, not idle)")
         motion = ", stacks moving" if any(p.moving for p in busy) else ""
         return "busy", f"{described(principal)}{motion}: busy"
     if all(p.kind == "idle" for p in principal):
