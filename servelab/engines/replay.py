@@ -45,8 +45,9 @@ from servelab.engines.replay_script import Script, Step, available_scripts, load
 VARIANTS = ("normal", "hang-in-load", "crash-9-mid-load", "never-bind", "slow-steady", "deadlock-at-init",
             "hang-in-decode")
 FAULT_AT = 0.4  # hang and crash happen at this fraction of the weight shards
-# Per rank: SGLang's 8 multithread-loader threads (DEFAULT_NUM_THREADS) plus the 8 or so that torch, NCCL and the
-# scheduler keep parked; 8 ranks then hold ~140 idle threads, as the story's 131.
+# Parked in every process of the tree, as torch, NCCL and the engine keep threads waiting (the ranks' 8 loader
+# threads come on top while weights load): the leader, 8 ranks and the detokenizer then hold ~160 threads in
+# futex waits at 0 % CPU, as the story's 131.
 IDLE_THREADS_PER_RANK = 16
 # deadlock-at-init stops the timeline at the first line that says distributed init is over
 INIT_ENDS = re.compile(r"Init torch distributed ends|Starting to load model")
