@@ -23,8 +23,8 @@ class StackSignature:
     (so "event_loop_overlap" also matches the method). `modules` are regular expressions searched in the frame's
     file ("sglang/srt/managers/scheduler\\.py$") or native library ("libnccl"). A frame matches when it matches
     one of each (an empty list matches anything); with `within`, another frame of the same thread must also come
-    from one of those modules (a select() inside uvicorn is an idle HTTP server). `activity` and `detail` may name the matched function with
-    `{function}` (as py-spy names it), e.g. activity "in {function}" for a collective.
+    from one of those modules (a select() inside uvicorn is an idle HTTP server). `activity` and `detail` may
+    name the matched function with `{function}` (as py-spy names it), e.g. activity "in {function}" for a collective.
     """
 
     activity: str

@@ -75,7 +75,8 @@ class TGI(EngineAdapter):
                        functions=(r"\w*\.generate_token", "TextGenerationService.Prefill",
                                   "TextGenerationService.Decode"), detail="{function}"),
         StackSignature("loading weights", "loading",
-                       modules=(r"text_generation_server/models/__init__\.py$", r"text_generation_server/utils/weights\.py$"),
+                       modules=(r"text_generation_server/models/__init__\.py$",
+                                r"text_generation_server/utils/weights\.py$"),
                        functions=("get_model", r"Weights\.\w+"), detail="{function}"),
     )
     probe_path = "/health"  # port closed until ready; 503 {"error":"unhealthy"} afterwards means unhealthy

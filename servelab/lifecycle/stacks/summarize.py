@@ -166,7 +166,8 @@ def verdict(processes: Sequence[ProcessStacks], ranks: dict[int, int], engine_na
         names = {p.activity for p in collective}
         window = max(p.unchanged_s or 0.0 for p in collective)
         if still and (len(names) > 1 or len(collective) < len(principal)):
-            return "deadlock", (f"{disagreeing}: {noun} disagree on the collective (stacks unchanged for {window:.1f} s): "
+            return "deadlock", (f"{disagreeing}: {noun} disagree on the collective (stacks unchanged for "
+                                f"{window:.1f} s): "
                                 "a likely deadlock")
         if still:
             return "deadlock", (f"{count(collective)} {collective[0].activity}, stacks unchanged for {window:.1f} s: "
@@ -188,7 +189,8 @@ def verdict(processes: Sequence[ProcessStacks], ranks: dict[int, int], engine_na
         # a process busy in native threads keeps its Python stack still by nature: its CPU time moved instead
         if all(p.moving is False and p.activity != NATIVE_BUSY for p in busy):
             return "stuck", (f"{described(principal)}, stacks unchanged for "
-                             f"{max(p.unchanged_s or 0.0 for p in busy):.1f} s: stuck (the same stack in every sample, not idle)")
+                             f"{max(p.unchanged_s or 0.0 for p in busy):.1f} s: "
+                             "stuck (the same stack in every sample, not idle)")
         motion = ", stacks moving" if any(p.moving for p in busy) else ""
         return "busy", f"{described(principal)}{motion}: busy"
     if all(p.kind == "idle" for p in principal):
