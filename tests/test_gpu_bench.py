@@ -17,6 +17,7 @@ import pytest
 from gpu_doubles import DOUBLES, NVML_SERIES
 from servelab.host.gpu_telemetry.sampler import SERIES_FILE, iter_readings
 from servelab.records import BenchResult
+from servelab.store.db import Store
 
 pytestmark = pytest.mark.engine
 
@@ -36,8 +37,8 @@ WITHOUT = "import sys\nfrom servelab.cli import main\nsys.argv = ['servelab', *s
 
 
 def _bench(url: str, out: Path, *extra: str, double: bool) -> subprocess.CompletedProcess:
-    args = ["bench", url, "--mode", "concurrency", "--concurrency", "2", "--duration", "2", "--max-tokens", "16",
-            "--warmup", "0", "--min-requests", "2", "--out", str(out), "--store", str(out / "store.db"), *extra]
+    args = ["bench", url, "--mode", "single", "--requests", "4", "--max-tokens", "16", "--warmup", "0",
+            "--out", str(out), "--store", str(out / "store.db"), *extra]
     command = [sys.executable, "-c", WITH_DOUBLE if double else WITHOUT, *args]
     env = {**os.environ, "COLUMNS": "80"}
     return subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
@@ -81,11 +82,14 @@ def test_with_nvml_a_bench_shows_and_keeps_energy_per_token(embedded_server, tmp
     assert level.figures["gpu_sm_active_pct_mean"].value is not None  # the recording's first seconds: idle GPUs
     assert result.workload["gpu_telemetry"]["source"] == "nvml"
     readings = list(iter_readings(run_dir / SERIES_FILE))
-    assert {r.gpu for r in readings} == set(range(8)) and len(readings) >= 8 * 8  # 4 Hz over >= 2 s
+    assert {r.gpu for r in readings} == set(range(8)) and len(readings) >= 8 * 2  # 4 Hz, beyond both edges
     table = proc.stdout[proc.stdout.index("GPUs (the engine's"):]
-    row = next(line for line in table.splitlines() if line.startswith("│ c2"))
+    row = next(line for line in table.splitlines() if line.startswith("│ single"))
     assert f"{gpu.power_w_mean:,.0f}" in row
     assert "per GPU (NVIDIA H200" in proc.stdout
     assert "not measured" not in table.split("per GPU")[0]
     stored = json.loads((run_dir / "summary.json").read_text())["levels"][0]["gpu"]
     assert stored["j_per_output_token"] == gpu.j_per_output_token
+    with Store.open(tmp_path / "store.db", readonly=True) as store:  # and the store's columns (migration 6)
+        row = store.db.execute("SELECT gpu_measured, gpu_j_per_output_token FROM levels").fetchone()
+    assert tuple(row) == (1, pytest.approx(gpu.j_per_output_token))
