@@ -12,6 +12,13 @@ the order of the imports below (docs/verify.md describes each check).
     concurrency   concurrency
     reasoning     reasoning
     tools         tool_calls
+    served        shared by the endpoint checks below: "not served" statuses, typed event streams
+    embeddings    embeddings
+    rerank        rerank
+    structured    structured_output
+    tools_stream  tool_calls_stream
+    responses_api responses_api
+    messages_api  messages_api
     errors        error_unknown_model, error_invalid_params, error_context
     sdk           openai_sdk
 """
@@ -31,6 +38,12 @@ from servelab.verify.checks import determinism  # noqa: F401
 from servelab.verify.checks import concurrency  # noqa: F401
 from servelab.verify.checks import reasoning  # noqa: F401
 from servelab.verify.checks import tools  # noqa: F401
+from servelab.verify.checks import embeddings  # noqa: F401
+from servelab.verify.checks import rerank  # noqa: F401
+from servelab.verify.checks import structured  # noqa: F401
+from servelab.verify.checks import tools_stream  # noqa: F401
+from servelab.verify.checks import responses_api  # noqa: F401
+from servelab.verify.checks import messages_api  # noqa: F401
 from servelab.verify.checks import errors  # noqa: F401
 from servelab.verify.checks import sdk  # noqa: F401
 from servelab.verify.checks.basic import discover_model, listed_model_ids

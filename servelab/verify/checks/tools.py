@@ -78,17 +78,26 @@ def judge_call(number: int, call: Any, findings: Findings) -> None:
         findings.warn(f"{where}: arguments lack the required 'city': {quoted(arguments)}")
 
 
-async def judge_no_calls(ctx: CheckContext, usage: Any, findings: Findings) -> None:
-    """No tool_calls came back: did the tool definitions reach the prompt at all?"""
+async def prompt_tokens_with_and_without_tools(ctx: CheckContext, usage: Any) -> tuple[int, int] | None:
+    """The prompt tokens of the request with tools (from its `usage`) and of the same question without them (asked
+    now); None when either is unknown. Equal counts mean the definitions never reached the model."""
     assert ctx.model is not None
     with_tools = usage_counts(usage)
     bare = await send_chat(ctx, None, chat_body(ctx.model, TOOL_PROMPT, 1))
     without = usage_counts(bare.usage)
-    if with_tools and without and with_tools[0] == without[0]:
-        findings.warn(f"the server ignored `tools`: the prompt is {with_tools[0]} tokens with and without them, so "
+    return (with_tools[0], without[0]) if with_tools and without else None
+
+
+async def judge_no_calls(ctx: CheckContext, usage: Any, findings: Findings) -> None:
+    """No tool_calls came back: did the tool definitions reach the prompt at all?"""
+    counts = await prompt_tokens_with_and_without_tools(ctx, usage)
+    if counts is not None and counts[0] == counts[1]:
+        with_tools, without = counts
+        findings.warn(f"the server ignored `tools`: the prompt is {with_tools} tokens with and without them, so "
                       f"the definitions never reached the model (the model's chat template may not render tools)")
-    elif with_tools and without:
-        findings.warn(f"the tools reached the prompt ({with_tools[0]} tokens against {without[0]} without) but the "
+    elif counts is not None:
+        with_tools, without = counts
+        findings.warn(f"the tools reached the prompt ({with_tools} tokens against {without} without) but the "
                       f"answer has no tool_calls although tool_choice was 'required'")
     else:
         findings.warn("no tool_calls although tool_choice was 'required' (no usage to tell whether the tools "
