@@ -370,6 +370,9 @@ class ErrorCount(BaseModel):
     status: int | None = None  # HTTP status, when there was one
     detail: str | None = None  # the first such request's error_detail (a response excerpt for HTTP errors)
     count: int
+    # timeout_idle against an engine on this host: what the engine's stacks showed when the first such stream went
+    # silent (bench/stall_stacks.py), the same line as the level's warning
+    stacks: str | None = None
 
 
 class TurnFigures(BaseModel):

@@ -132,3 +132,5 @@ def test_the_replayed_sglang_hung_mid_decode_is_named_a_likely_deadlock_in_the_l
     assert len(said) == 1, level.warnings
     assert "ranks 0-2,4-7 in broadcast" in said[0] and "rank 3 in all_reduce" in said[0], said[0]
     assert said[0].endswith("a likely deadlock"), said[0]
+    # the same line with the errors it explains
+    assert WARNING + level.top_errors[0].stacks == said[0]

@@ -4,7 +4,7 @@ During `bench` against an engine on this host (its processes given by the launch
 URL's port: host/environment.py), the first measured request of a level that ends with error_kind "timeout_idle"
 (bench/client.py: no SSE event for the idle deadline) has the engine's stacks read (lifecycle/stacks/): at most
 one capture per level, on a thread of its own, so the event loop and every other stream go on. At the level's
-end its summary joins the level's warnings, beside the timeout_idle count in its errors, e.g.
+end its summary joins the level's warnings and its timeout_idle entries of `top_errors` (`stacks`), e.g.
 "a stream hit its idle deadline; the engine's stacks then: 8 of 8 ranks idle in the request loop ...".
 The level waits for a capture still running at its end at most CAPTURE_DEADLINE_S (never the event loop).
 """
@@ -74,6 +74,9 @@ class IdleDeadlineStacks:
             return
         said = report.unavailable or report.summary or "nothing to say"
         summary.warnings.append(WARNING + said)
+        for error in summary.top_errors:  # and with the errors it explains
+            if error.kind == "timeout_idle":
+                error.stacks = said
 
     def close(self) -> None:
         if self._pool is not None:
