@@ -109,6 +109,10 @@ class FakeOpenAI:
         app.router.add_post("/v1/completions", self.routes.get("completions", self.completions))
         app.router.add_post("/tokenize", self.routes.get("tokenize", self.tokenize))
         app.router.add_get("/props", self.routes.get("props", self.props))
+        import endpoints_fake  # the endpoints beyond chat, in llama.cpp's formats (it imports this module)
+        for path, name in (("/v1/embeddings", "embeddings"), ("/v1/rerank", "rerank"), ("/v1/responses", "responses"),
+                           ("/v1/messages", "messages")):
+            app.router.add_post(path, self.routes.get(name, getattr(endpoints_fake, name)))
         return app
 
     # ---- routes ----
@@ -131,6 +135,11 @@ class FakeOpenAI:
         refusal = self.refuse(body)
         if refusal is not None:
             return refusal
+        if body.get("response_format"):
+            return await self.routes.get("structured", self.structured)(request)
+        if body.get("tools") and body.get("stream"):
+            import endpoints_fake
+            return await self.routes.get("tools_stream", endpoints_fake.streamed_tools)(request)
         if body.get("tools"):
             return await self.routes.get("tools", self.tools)(request)
         return await self.routes.get("stream" if body.get("stream") else "chat",
@@ -176,6 +185,12 @@ class FakeOpenAI:
         events += [text_chunk("", finish), {"id": "t1", "object": "text_completion", "model": MODEL,
                                             "choices": [], "usage": usage(prompt, done)}, "[DONE]"]
         return await write_events(request, events)
+
+    async def structured(self, request: web.Request) -> web.StreamResponse:
+        import endpoints_fake
+        body = await request.json()
+        text = endpoints_fake.structured_text(body)
+        return web.json_response(completion(text, "stop", words_of(body), len(text.split())))
 
     async def tools(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()

@@ -7,7 +7,6 @@ tool_calls: the chat template dropped them), a warning when they did and the mod
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
