@@ -770,4 +770,9 @@ class Diagnosis(BaseModel):
     lint: list[LintFinding] = Field(default_factory=list)
     stacks: str | None = None  # the raw dumps (StackReport.raw), with --stacks
     stack_report: StackReport | None = None  # the stacks read and named (none with --no-stacks)
+    # Each GPU of this host at the moment of the verdict (doctor reads the GPUs only where the server runs here),
+    # and why there are none when there are none ("not measured: no GPU telemetry source (...)").
+    gpus: list[GpuReading] = Field(default_factory=list)
+    gpus_note: str | None = None
+    engine_gpus: list[int] = Field(default_factory=list)  # the devices the engine's processes hold
     notes: list[str] = Field(default_factory=list)

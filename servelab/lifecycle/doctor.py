@@ -32,6 +32,7 @@ import psutil
 from servelab.engines import REGISTRY, get_engine
 from servelab.engines.base import EngineAdapter, EngineSpec
 from servelab.errors import UserError
+from servelab.host.gpu_telemetry.snapshot import gpu_snapshot, held_by
 from servelab.lifecycle.diagnose import StartupJudge, crashed_verdict
 from servelab.lifecycle.evidence import EvidenceSampler
 from servelab.lifecycle.observe import StartupObserver
@@ -175,10 +176,25 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
     report = stack_reader.result() if stack_reader is not None else None
     if report is not None:
         name_the_stacks(verdict, report)
+    gpus, gpus_note, engine_gpus = _gpus(live_pid)
     return Diagnosis(engine=adapter.name if not isinstance(adapter, _Generic) else None, pid=pid or live_pid,
                      log_path=str(log) if log else None, url=url, verdict=verdict, phases=tracker.phases,
                      samples=sampler.samples, lint=lint, stacks=report.raw if report is not None else None,
-                     stack_report=report, notes=notes)
+                     stack_report=report, gpus=gpus, gpus_note=gpus_note, engine_gpus=engine_gpus, notes=notes)
+
+
+def _gpus(live_pid: int | None) -> tuple[list, str | None, list[int]]:
+    """This host's GPUs as the verdict is given, and which the server's processes hold: read only when its process
+    is here (a URL alone may be another host's server, whose GPUs these are not)."""
+    if live_pid is None:
+        return [], "not read: the server's process is not on this host (give --pid to read its GPUs)", []
+    readings, note = gpu_snapshot()
+    try:
+        root = psutil.Process(live_pid)
+        tree = {live_pid, *(c.pid for c in root.children(recursive=True))}
+    except psutil.Error:
+        tree = {live_pid}
+    return readings, note, [r.gpu for r in readings if held_by(r, tree)]
 
 
 class _StackReader:

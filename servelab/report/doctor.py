@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 
 from servelab.lifecycle.stacks import stack_lines
-from servelab.records import Diagnosis
+from servelab.records import Diagnosis, GpuReading
 from servelab.report.tables import human_bytes
 from servelab.textsafe import inert
 
@@ -66,6 +66,7 @@ def render_diagnosis(console: Console, d: Diagnosis) -> None:
                       highlight=False)
     for note in d.notes:
         console.print(f"  note: {note}", markup=False, highlight=False)
+    render_gpus(console, d)
     if d.stack_report is not None:
         lines = stack_lines(d.stack_report)
         console.print(f"  {'stacks':{_LABEL_WIDTH}} {inert(lines[0])}", markup=False, highlight=False)
@@ -73,3 +74,35 @@ def render_diagnosis(console: Console, d: Diagnosis) -> None:
             console.print(f"    {inert(line)}", markup=False, highlight=False)
     if d.stacks:
         console.print(inert(d.stacks, multiline=True), markup=False, highlight=False)
+
+
+def gpu_line(r: GpuReading) -> str:
+    """One GPU in a line of at most ~70 characters: memory used, SM activity, power, temperature (what the
+    source gave)."""
+    parts = [f"GPU {r.gpu}" + (f" {inert(r.name)}" if r.name else "")]
+    facts = []
+    if r.mem_used_bytes is not None:
+        facts.append(human_bytes(r.mem_used_bytes) + (f" of {human_bytes(r.mem_total_bytes)}"
+                                                      if r.mem_total_bytes else ""))
+    if r.sm_active_pct is not None:
+        facts.append(f"SM {r.sm_active_pct:.0f} %")
+    if r.power_w is not None:
+        facts.append(f"{r.power_w:.0f} W")
+    if r.temp_c is not None:
+        facts.append(f"{r.temp_c:.0f} °C")
+    return parts[0] + (": " + ", ".join(facts) if facts else "")
+
+
+def render_gpus(console: Console, d: Diagnosis) -> None:
+    """Each GPU in one line under a heading (80 columns), those the server holds marked; or one line saying why
+    there are none."""
+    if not d.gpus:
+        if d.gpus_note:
+            console.print(f"  {'GPUs':{_LABEL_WIDTH}} {d.gpus_note}", markup=False, highlight=False)
+        return
+    marked = bool(d.engine_gpus)
+    console.print("  GPUs" + (" (* held by the server's processes)" if marked else ""), markup=False,
+                  highlight=False)
+    for r in d.gpus:
+        mark = "* " if r.gpu in d.engine_gpus else "  " if marked else ""
+        console.print(f"    {mark}{gpu_line(r)}", markup=False, highlight=False)
