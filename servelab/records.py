@@ -646,7 +646,10 @@ class Trial(Steps, BaseModel):
 
     @property
     def contended_levels(self) -> list[Summary]:
-        return [s for s in self.levels if s.environment is not None and s.environment.contended]
+        """Levels that measured more than the engine: the machine's CPU was busy with other work, or another
+        process held one of the engine's GPUs."""
+        return [s for s in self.levels if (s.environment is not None and s.environment.contended)
+                or (s.gpu is not None and s.gpu.contended)]
 
 
 class RunSummary(BaseModel):

@@ -166,6 +166,15 @@ def test_only_a_busy_machine_is_worth_a_rerun_not_a_saturated_client() -> None:
     assert not needs_rerun(_trial("complete", ["the client (this servelab process) used 0.95 cores on average: "
                                                "the load generator, not the server, may have set the pace"]))
     assert not needs_rerun(_trial("complete", []))
+    # another process on the engine's GPUs: the level measured more than the engine, worth a rerun; a GPU at its
+    # power cap is the engine's own load and only said
+    from servelab.records import GpuSummary
+    gpu_busy, capped = _trial("complete", []), _trial("complete", [])
+    gpu_busy.levels[0].gpu = GpuSummary(measured=True, contended=True,
+                                        reasons=["pid 4242 held GPU 3 (the engine's) during the level"])
+    capped.levels[0].gpu = GpuSummary(measured=True, warnings=["GPU 0 throttled for power or heat for 2.0 s of 10.0 s"])
+    assert gpu_busy.contended_levels and needs_rerun(gpu_busy)
+    assert not capped.contended_levels and not needs_rerun(capped)
 
 
 def test_the_guard_stops_when_most_of_the_plan_was_contended_and_never_with_reruns_off(monkeypatch) -> None:

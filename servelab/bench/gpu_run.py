@@ -102,12 +102,7 @@ class GpuRun:
         deadline = time.monotonic() + 2 * sampler.interval_s + 0.5
         while sampler.ticks == ticks and time.monotonic() < deadline and not self._stopped:
             time.sleep(min(0.02, sampler.interval_s / 4))
-        flush = getattr(sampler, "flush", None)
-        if flush is not None:
-            flush()
-        else:  # the sampler keeps one chunk in memory; its readings must reach the file before they are read
-            with sampler._lock:
-                sampler._flush_chunk()
+        sampler.flush()  # it keeps one chunk in memory; its readings must reach the file before they are read
 
     def level(self, summary: Summary, window: tuple[int, int], output_tokens: int | None,
               answer_tokens: int | None) -> GpuSummary:

@@ -214,7 +214,8 @@ def _contention_reason(run: RunData, trial: int) -> str:
     if found is None or not found.contended_levels:
         return "contended"
     level = found.contended_levels[0]
-    reasons = level.environment.reasons if level.environment else []
+    reasons = [*(level.environment.reasons if level.environment and level.environment.contended else []),
+               *(level.gpu.reasons if level.gpu and level.gpu.contended else [])]
     return f"trial {trial + 1}, {level.tag}: " + ("; ".join(reasons) or "contended")
 
 

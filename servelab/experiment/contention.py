@@ -94,9 +94,11 @@ def wait_for_quiet(policy: ContentionPolicy, engine_pids: Iterable[int] = (), ur
 
 def needs_rerun(trial: Trial) -> bool:
     """A trial stopped early on a busy machine, or one with a level that other processes or CPU steal made
-    contended. A client that saturated itself is not cured by running again: such a trial is only left out."""
+    contended, or whose engine GPUs another process held. A client that saturated itself is not cured by running
+    again: such a trial is only left out."""
     return trial.status == "contended" or any(
-        s.environment is not None and busy_machine(s.environment) for s in trial.contended_levels)
+        (s.environment is not None and busy_machine(s.environment)) or (s.gpu is not None and s.gpu.contended)
+        for s in trial.contended_levels)
 
 
 @dataclass

@@ -149,6 +149,13 @@ class GpuSampler:
                 self._flush_chunk()
         return readings
 
+    def flush(self) -> None:
+        """Write the readings held (the chunk in progress) now, so that a reader of the file sees them: a level's
+        figures are read from the file as the level ends."""
+        with self._lock:
+            if not self._closed:
+                self._flush_chunk()
+
     def _note(self, text: str) -> None:
         self._write({"kind": "note", "t_ns": time.perf_counter_ns(), "text": text})
 
