@@ -95,6 +95,9 @@ def test_an_idle_deadline_has_the_engines_stacks_read_once_and_named_with_the_le
     # The stacks were the server's: its handler threads waiting in generate_next_token, nothing moving.
     assert "pid " in said[0] or "process" in said[0], said[0]
     assert "stacks could not be read" not in said[0] and "not installed" not in said[0], said[0]
+    # told by the handler thread waiting in the engine's code, not by the main thread idle in serve_forever
+    assert "pid " + str(proc.pid) + " handling a request, waiting in generate_next_token (" in said[0], said[0]
+    assert "idle (a ready server" not in said[0] and said[0].endswith("stuck (waiting, not idle)"), said[0]
     # Read off the event loop: the level did not wait for every sample before its streams ended (two streams of
     # one second each, one capture of about a second beside them).
     assert time.monotonic() - started < 30

@@ -2,18 +2,27 @@
 
 A thread: the engine's signatures are tried first, then the generic ones (signatures.py), each in its list's
 order; the first signature that matches one of the thread's frames names it, from its innermost matching frame.
-One exception: an engine's "busy" activity (running a batch) that holds a collective further in is named by the
-collective, because a forward pass blocked in an all-reduce is what a deadlock looks like from the host. A thread
-nothing matches is "running {function}" (busy) when py-spy saw it on CPU, else "waiting in {function}".
+Two exceptions. An engine activity of kind "busy" (running a batch) or "waiting" (distributed init) that holds a
+collective further in is named by the collective: a forward pass or an init blocked in an all-reduce is what a
+deadlock looks like from the host, and ranks that disagree on the collective must read so. A generic wait inside
+an HTTP request handler (http.server, socketserver: a thread per request) is "handling a request, waiting in
+{the innermost function outside the standard library}": a request in flight in the server's own code, not a
+parked helper. A thread nothing matches is "running {function}" (busy) when py-spy saw it on CPU, else
+"waiting in {function}".
 
-A process: its most telling thread, the one matched by an engine signature first, then by kind (a collective,
-loading, busy, idle, waiting). Its role comes from the process title engines set (SGLang `sglang::scheduler_TP3`,
+A process: its most telling thread. A thread at work wins over one that is not: at work means in a collective,
+loading, busy, or waiting in engine code (a wait an engine signature names, or a request handler's wait above).
+Only when no thread is at work does an idle loop tell (a ready server is idle although its helper threads, a
+thread pool's workers or a monitor, sit in generic waits: those are how helpers idle, and they never tell over an
+idle loop). Then, in order: named by an engine signature, by kind (a collective, loading, busy, idle, waiting), the
+main thread, a thread on CPU. Its role comes from the process title engines set (SGLang `sglang::scheduler_TP3`,
 `sglang::detokenizer`; vLLM `VLLM::EngineCore`, `VLLM::Worker_TP1`), else from its frames (an HTTP server).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +41,14 @@ class ThreadActivity:
     engine: bool = False  # named by an engine signature
     native_work: bool = False  # the signature says native threads do the work unseen (its CPU time tells)
     frame_index: int | None = None  # the frame that named it (innermost first), for "did it move"
+    in_request: bool = False  # a generic wait inside an HTTP request handler: a request in flight
+
+    @property
+    def at_work(self) -> bool:
+        """Doing or waiting on the work itself, not parked: what tells over an idle loop."""
+        if self.kind in ("collective", "loading", "busy"):
+            return True
+        return self.kind == "waiting" and (self.engine or self.in_request)
 
     @property
     def phrase(self) -> str:
@@ -42,7 +59,7 @@ def classify_thread(thread: ThreadStack, engine_signatures: Sequence[StackSignat
     engine = _first_match(thread, engine_signatures, engine=True)
     generic = _first_match(thread, GENERIC_SIGNATURES, engine=False)
     if engine is not None:
-        if (engine.kind == "busy" and generic is not None and generic.kind == "collective"
+        if (engine.kind in ("busy", "waiting") and generic is not None and generic.kind == "collective"
                 and generic.frame_index is not None and engine.frame_index is not None
                 and generic.frame_index < engine.frame_index):
             return ThreadActivity(generic.activity, "collective", _with_library(thread, generic.detail),
@@ -58,6 +75,11 @@ def classify_thread(thread: ThreadStack, engine_signatures: Sequence[StackSignat
         if generic.kind == "collective":
             return ThreadActivity(generic.activity, generic.kind, _with_library(thread, generic.detail),
                                   frame_index=generic.frame_index)
+        if generic.kind == "waiting" and _in_request_handler(thread):
+            where = _outside_stdlib(thread)
+            wait = generic.activity if where is None else f"waiting in {where}"
+            return ThreadActivity(f"handling a request, {wait}", "waiting", _wait_function(thread, generic),
+                                  frame_index=generic.frame_index, in_request=True)
         return generic
     python = [i for i, f in enumerate(thread.frames) if not f.native]
     if not thread.frames:
@@ -93,6 +115,36 @@ def _with_library(thread: ThreadStack, detail: str | None) -> str | None:
     return library or detail
 
 
+# http.server and socketserver run each request on a thread of its own, under these frames (CPython 3.11).
+_REQUEST_HANDLER = (("handle_one_request", r"(^|/)http/server\.py$"),
+                    ("process_request_thread", r"(^|/)socketserver\.py$"),
+                    ("finish_request", r"(^|/)socketserver\.py$"))
+
+
+def _in_request_handler(thread: ThreadStack) -> bool:
+    return any(not f.native and f.function.rsplit(".", 1)[-1] == function and re.search(module, f.module or "")
+               for f in thread.frames for function, module in _REQUEST_HANDLER)
+
+
+def _outside_stdlib(thread: ThreadStack) -> str | None:
+    """The innermost Python function whose file is not the standard library's: the code that waits."""
+    for frame in thread.frames:
+        if frame.native or not frame.module:
+            continue
+        top = frame.module.replace("\\", "/").split("/", 1)[0].removesuffix(".py")
+        if top.startswith("<") or top in sys.stdlib_module_names:
+            continue
+        return frame.function
+    return None
+
+
+def _wait_function(thread: ThreadStack, generic: ThreadActivity) -> str | None:
+    """The waiting frame's function (Event.wait), as the generic signature matched it."""
+    if generic.frame_index is None:
+        return generic.detail
+    return thread.frames[generic.frame_index].function
+
+
 def telling_thread(threads: Sequence[ThreadStack], engine_signatures: Sequence[StackSignature] = ()
                    ) -> tuple[ThreadStack | None, ThreadActivity]:
     """The process's most telling thread and what it does."""
@@ -100,9 +152,9 @@ def telling_thread(threads: Sequence[ThreadStack], engine_signatures: Sequence[S
         (-1,), None, ThreadActivity("no threads", "unknown"))
     for thread in threads:
         activity = classify_thread(thread, engine_signatures)
-        # ties go to the main thread, where the engines run their loops, then to a thread on CPU
-        score = (int(activity.engine), KIND_RANK.get(activity.kind, 0), int(thread.name == "MainThread"),
-                 int(bool(thread.active)))
+        # at work first; ties go to the main thread, where the engines run their loops, then to a thread on CPU
+        score = (int(activity.at_work), int(activity.engine), KIND_RANK.get(activity.kind, 0),
+                 int(thread.name == "MainThread"), int(bool(thread.active)))
         if score > best[0]:
             best = (score, thread, activity)
     return best[1], best[2]
