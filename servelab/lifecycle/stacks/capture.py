@@ -49,6 +49,8 @@ class Dump:
     native: bool = True  # native frames were read (False: the --nonblocking fallback)
     raw: str = ""  # py-spy's JSON as printed
     cpu_s: float | None = None  # the process's CPU time (user + system) when dumped
+    # the bytes it has read (read() and pread(), page cache included: /proc/PID/io rchar) when dumped; None: unread
+    read_chars: int | None = None
 
 
 @dataclass
@@ -139,9 +141,11 @@ def dump_process(binary: str, pid: int, timeout_s: float) -> Dump:
             dump = fallback
     dump.t_s = t
     try:
-        times = psutil.Process(pid).cpu_times()
+        process = psutil.Process(pid)
+        times = process.cpu_times()
         dump.cpu_s = times.user + times.system
-    except psutil.Error:
+        dump.read_chars = getattr(process.io_counters(), "read_chars", None)
+    except (psutil.Error, AttributeError, OSError):  # io_counters: not on every platform, or not permitted
         pass
     return dump
 

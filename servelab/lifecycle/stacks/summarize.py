@@ -1,9 +1,19 @@
 """From the dumps of a process tree to a StackReport: each process's activity, whether its stack moved, one line
 per process, and the tree's verdict in one summary line.
 
-A process's stack "moved" when its telling thread's frames (function, file and line, innermost first) differ
-between two samples; `unchanged_s` is how long the last of them stayed the same, measured between the samples
-(so it is at most the window watched, never a guess about before it). The verdict looks at the ranks (processes
+A process's stacks "moved" when any of its threads moved between two consecutive samples: a thread (by its OS
+thread id) present in both whose frames differ, each frame compared by function, file and line, innermost first,
+native frames included. So the same function at another line is motion (a loop or a read going on), and a
+loader's worker threads moving while its main thread waits on their futures make a loading process move. A
+thread that appears or goes between two samples is not motion by itself: a server starts a thread for each
+request that arrives, and a pool retires idle workers, whether or not the work in flight moves; only the threads
+seen in both are compared. A sampler cannot tell a loop that is back at the same line from a thread that never
+left it (a loader that reads a chunk, then sleeps or waits on the next, is caught at the same line every time),
+so reads count too: a process that read at least READ_MOVING_BYTES_PER_S between two samples (its /proc/PID/io
+rchar: read() and pread(), page cache included; socket receives are not counted there) moved. A helper reading
+/proc now and then reads kilobytes, a loader megabytes. `unchanged_s` is how long the last run of samples with
+nothing moving lasted, measured between the samples (so it is at most the window watched, never a guess about
+before it). The verdict looks at the ranks (processes
 whose title names a tensor-parallel rank) when there are any, else at the processes an engine signature named,
 else at every process read:
 
@@ -20,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from servelab.lifecycle.stacks.capture import Capture, Dump
-from servelab.lifecycle.stacks.classify import ThreadActivity, role_of, telling_thread
+from servelab.lifecycle.stacks.classify import role_of, telling_thread
 from servelab.lifecycle.stacks.signatures import StackSignature
 from servelab.records import ProcessStacks, StackReport, ThreadStack
 from servelab.redaction import redact_command, redact_text
@@ -31,6 +41,9 @@ from servelab.textsafe import inert
 # least this much CPU during the capture (100 = one core): a parked server uses next to none.
 NATIVE_BUSY_CPU_PERCENT = 20.0
 NATIVE_BUSY = "busy in native threads"
+# A process reading at least this fast between two samples moved, whatever its stacks show: a loader reads
+# megabytes a second (the replay's reads about 12 MB/s a rank), a helper polling /proc a few kilobytes.
+READ_MOVING_BYTES_PER_S = 1 << 20
 
 
 def summarize(capture: Capture, engine_signatures: Sequence[StackSignature] = (), *, interval_s: float | None = None,
@@ -72,24 +85,21 @@ def process_stacks(pid: int, command: list[str], dumps: list[Dump], engine_signa
         proc.error = inert(error)
         proc.line = f"{who}: no stacks: {proc.error}"
         return proc, role.rank, False
-    keys: list[tuple[float, tuple]] = []
-    activity = ThreadActivity("no threads", "unknown")
-    for dump in read:
-        thread, activity = telling_thread(dump.threads or [], engine_signatures)
-        keys.append((dump.t_s, _key(thread)))
-    thread, activity = telling_thread(last, engine_signatures)
+    stacks = [_stacks(d.threads or []) for d in read]  # before the names are made inert below
+    _, activity = telling_thread(last, engine_signatures)
     for t in last:
         t.activity = inert(telling_thread([t], engine_signatures)[1].phrase)
     proc.threads = [_inert_thread(t) for t in last]
     proc.activity = inert(activity.activity)
     proc.detail = inert(activity.detail) if activity.detail else None
     proc.kind = activity.kind  # type: ignore[assignment]
-    if len(keys) > 1:
-        proc.moving = any(k != keys[0][1] for _, k in keys[1:])
-        start = len(keys) - 1
-        while start > 0 and keys[start - 1][1] == keys[-1][1]:
+    if len(read) > 1:
+        moved = [_moved(stacks[i], stacks[i + 1]) or _read(read[i], read[i + 1]) for i in range(len(read) - 1)]
+        proc.moving = any(moved)
+        start = len(read) - 1
+        while start > 0 and not moved[start - 1]:
             start -= 1
-        proc.unchanged_s = round(keys[-1][0] - keys[start][0], 1)
+        proc.unchanged_s = round(read[-1].t_s - read[start].t_s, 1)
     cpu = [(d.t_s, d.cpu_s) for d in read if d.cpu_s is not None]
     if len(cpu) > 1 and cpu[-1][0] > cpu[0][0]:
         proc.cpu_percent = round(100.0 * (cpu[-1][1] - cpu[0][1]) / (cpu[-1][0] - cpu[0][0]), 1)
@@ -105,10 +115,21 @@ def process_stacks(pid: int, command: list[str], dumps: list[Dump], engine_signa
     return proc, role.rank, activity.engine
 
 
-def _key(thread: ThreadStack | None) -> tuple:
-    if thread is None:
-        return ()
-    return (thread.tid, tuple((f.function, f.module, f.line) for f in thread.frames))
+def _stacks(threads: Sequence[ThreadStack]) -> dict[int, tuple]:
+    """Each thread's frames (function, file, line; innermost first) by its OS thread id."""
+    return {t.tid: tuple((f.function, f.module, f.line) for f in t.frames) for t in threads}
+
+
+def _read(before: Dump, after: Dump) -> bool:
+    """Whether the process read files at READ_MOVING_BYTES_PER_S or faster between two samples."""
+    if before.read_chars is None or after.read_chars is None or after.t_s <= before.t_s:
+        return False
+    return (after.read_chars - before.read_chars) / (after.t_s - before.t_s) >= READ_MOVING_BYTES_PER_S
+
+
+def _moved(before: dict[int, tuple], after: dict[int, tuple]) -> bool:
+    """Whether a thread seen in both samples changed its frames (threads that come or go are not counted)."""
+    return any(after[tid] != frames for tid, frames in before.items() if tid in after)
 
 
 def _motion(proc: ProcessStacks) -> str:
