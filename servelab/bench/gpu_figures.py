@@ -126,7 +126,49 @@ class _PairSum:
 
 
 class _EnergyCounter(_PairSum):
+    """The energy counter, whose value is stamped at the first reading that showed it: a source that serves a
+    cached sample (a DCGM exporter refreshes its values every collect interval, 30 s by default) repeats one value
+    over several readings, and pairing the repeats would put a whole step of energy into the one pair that sees
+    the value change. `held_ns` is the longest time one value was shown (first to last reading with it): about the
+    source's refresh period less one sampling interval; 0 for a source that is read fresh."""
+
     bridge_scale = 1000.0 / NS_PER_S  # W x ns -> mJ
+
+    def __init__(self, window: tuple[int, int], *, integral: bool) -> None:
+        super().__init__(window, integral=integral)
+        self.held_ns = 0
+        self.changes = 0  # readings whose value differed from the one before
+        self.refresh_ns = 0  # the longest time between two changes: a refresh period seen whole
+
+    def add(self, t: int, value: float | None, bridge_rate: float | None = None) -> None:
+        if value is None:
+            return
+        if self.seen and value == self._v:
+            if t > self._t:
+                self.held_ns = max(self.held_ns, t - self._t)
+            return  # the same sample again: its time stays the first reading's
+        if self.seen and t > self._t:
+            if self.changes:
+                self.refresh_ns = max(self.refresh_ns, t - self._t)
+            self.changes += 1
+        super().add(t, value, bridge_rate)
+
+
+class _Held:
+    """The longest time one value of a gauge was shown unchanged (first to last reading with it)."""
+
+    def __init__(self) -> None:
+        self.held_ns = 0
+        self._t: int | None = None
+        self._v: float | None = None
+
+    def add(self, t: int, value: float | None) -> None:
+        if value is None:
+            return
+        if self._t is not None and value == self._v:
+            self.held_ns = max(self.held_ns, t - self._t)
+            return
+        self._t, self._v = t, value
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -140,11 +182,14 @@ class _Device:
 
     gpu: int
     window: tuple[int, int]
+    interval_s: float = 0.25
+    source: str = ""
     uuid: str | None = None
     name: str | None = None
     energy: _EnergyCounter = field(init=False)
     power: _PairSum = field(init=False)
     violation: _PairSum = field(init=False)
+    power_held: _Held = field(default_factory=lambda: _Held())
     samples: int = 0
     sm_sum: float = 0.0
     sm_n: int = 0
@@ -175,6 +220,7 @@ class _Device:
         self.name = r.name or self.name
         self.energy.add(r.t_ns, r.energy_mj, r.power_w)
         self.power.add(r.t_ns, r.power_w)
+        self.power_held.add(r.t_ns, r.power_w)
         self.violation.add(r.t_ns, None if r.throttle_ns is None else float(r.throttle_ns))
         ws, we = self.window
         inside = ws <= r.t_ns <= we
@@ -243,8 +289,36 @@ class _Device:
             temp_c_max=self.temp_max, xid_errors=self.xid_new,
             other_pids=sorted(self.pids))
 
+    def stale(self) -> str | None:
+        """Why the energy is not measured when the source served the same sample for longer than a tenth of the
+        window (docs/metrics.md#gpu-stale): its energy and power then move in steps the window cannot resolve.
+        None when it refreshed often enough, or when only the counter stood still while power readings moved
+        (a counter that is not kept: the energy comes from the power readings)."""
+        window_ns = self.window[1] - self.window[0]
+        limit = max(window_ns / 10, 2 * self.interval_s * NS_PER_S)
+        if self.energy.held_ns <= limit:
+            return None
+        if self.power.seen and self.power_held.held_ns <= limit:
+            return None
+        held_s = (self.energy.held_ns + self.interval_s * NS_PER_S) / NS_PER_S
+        whole_s = self.energy.refresh_ns / NS_PER_S
+        every = f"~{whole_s:.2g} s" if whole_s >= held_s else f"{held_s:.2g} s or more"
+        window = f"{window_ns / NS_PER_S:.3g} s"
+        if self.source.startswith("dcgm"):
+            return (f"energy not measured: the DCGM exporter refreshes its values every {every}, more than a "
+                    f"tenth of the {window} window (run it with -c 250)")
+        return (f"energy not measured: the source refreshes its readings every {every}, more than a tenth of the "
+                f"{window} window")
+
     def _energy(self, notes: _Notes) -> tuple[float | None, str | None]:
-        if self.energy.pairs:
+        stale = self.stale()
+        if stale:
+            notes.add(self.gpu, stale)
+            return None, None
+        window_ns = self.window[1] - self.window[0]
+        limit = max(window_ns / 10, 2 * self.interval_s * NS_PER_S)
+        frozen = self.energy.seen and (self.energy.held_ns > limit or not self.energy.pairs)
+        if self.energy.pairs and not frozen:
             mj, extrapolated = self.energy.over_window()
             if self.energy.backwards:
                 across = ("the span across it from the power readings (trapezoid)" if self.energy.bridged
@@ -254,21 +328,32 @@ class _Device:
             if mj is None:
                 notes.add(self.gpu, self._thin(self.energy))
                 return None, None
-            if extrapolated:
-                notes.add(self.gpu, f"energy extrapolated over {extrapolated:.2f} s of the window with no reading "
-                                    f"beyond it, at the covered part's mean power")
-            return mj / 1000.0, "counter"
+            if mj > 0:
+                if extrapolated:
+                    notes.add(self.gpu, f"energy extrapolated over {extrapolated:.2f} s of the window with no "
+                                        f"reading beyond it, at the covered part's mean power")
+                return mj / 1000.0, "counter"
+            frozen = True  # a powered GPU draws energy: a counter that did not advance is not read
         if self.power.pairs:
             w_ns, extrapolated = self.power.over_window()
             if w_ns is None:
                 notes.add(self.gpu, self._thin(self.power))
                 return None, None
-            notes.add(self.gpu, "energy from power readings (trapezoid): no energy counter")
+            if w_ns <= 0:
+                notes.add(self.gpu, "energy not measured: neither the energy counter nor the power readings "
+                                    "advanced in the window")
+                return None, None
+            notes.add(self.gpu, "energy from power readings (trapezoid): " + (
+                "the energy counter did not advance in the window while the GPU drew power" if frozen
+                else "no energy counter"))
             if extrapolated:
                 notes.add(self.gpu, f"energy extrapolated over {extrapolated:.2f} s of the window with no reading "
                                     f"beyond it, at the covered part's mean power")
             return w_ns / NS_PER_S, "power"
-        if self._no_counter_readings():
+        if frozen:
+            notes.add(self.gpu, "energy not measured: the energy counter did not advance in the window and the "
+                                "source gives no power")
+        elif self._no_counter_readings():
             notes.add(self.gpu, "energy not measured: the source gives neither an energy counter nor power")
         else:
             notes.add(self.gpu, "energy not measured: fewer than two readings around the window")
@@ -386,7 +471,7 @@ def summarize_gpu(readings: Iterable[GpuReading], *, window: tuple[int, int], ou
     for r in readings:
         device = devices.get(r.gpu)
         if device is None:
-            device = devices[r.gpu] = _Device(r.gpu, window)
+            device = devices[r.gpu] = _Device(r.gpu, window, interval_s, source)
         was_engine = device.engine_seen
         inside = device.add(r, engine)
         peak.add(device, r.power_w, inside, joined=device.engine_seen and not was_engine)
@@ -498,6 +583,13 @@ def _warnings(mine: Sequence[GpuDeviceSummary], window_s: float, devices: dict[i
                 ", ".join(f"{g.throttle_s:.1f} s (GPU {g.gpu})" for g in throttled))
         warnings.append(f"{gpu_list(g.gpu for g in throttled)} throttled for power or heat for {each} of "
                         f"{window_s:.1f} s: the clocks, not only the engine, set the pace")
+    stale: dict[str, list[int]] = {}
+    for g in mine:
+        why = devices[g.gpu].stale()
+        if why:
+            stale.setdefault(why.removeprefix("energy not measured: "), []).append(g.gpu)
+    for why, on in stale.items():
+        warnings.append(f"{gpu_list(on)}: energy, J/token and power not measured: {why}")
     for g in mine:
         if g.xid_errors:
             code = devices[g.gpu].xid_code
@@ -592,6 +684,10 @@ def _max_or_none(values: Iterable[float | int | None]):
 
 def _needs_energy(summary: GpuSummary) -> str | None:
     if summary.energy_j is None:
+        for note in summary.notes:  # the engine GPUs' own reason, where one says it ("GPUs 0-7: energy not …")
+            head, sep, why = note.partition(": energy not measured: ")
+            if sep:
+                return f"{why} ({head})"
         return "no energy for the engine's GPUs (gpu.notes says why)"
     if summary.energy_j <= 0:
         return "the energy of the engine's GPUs did not advance in the window"
