@@ -126,13 +126,18 @@ def _in_request_handler(thread: ThreadStack) -> bool:
                for f in thread.frames for function, module in _REQUEST_HANDLER)
 
 
+_STDLIB_PATH = re.compile(r"/lib/python3\.\d+/(?!.*-packages/)")
+
+
 def _outside_stdlib(thread: ThreadStack) -> str | None:
     """The innermost Python function whose file is not the standard library's: the code that waits."""
     for frame in thread.frames:
         if frame.native or not frame.module:
             continue
-        top = frame.module.replace("\\", "/").split("/", 1)[0].removesuffix(".py")
-        if top.startswith("<") or top in sys.stdlib_module_names:
+        path = frame.module.replace("\\", "/")
+        top = path.split("/", 1)[0].removesuffix(".py")
+        # py-spy shortens a file to its sys.path-relative name ("threading.py"); one it could not, stays whole
+        if top.startswith("<") or top in sys.stdlib_module_names or _STDLIB_PATH.search(path):
             continue
         return frame.function
     return None
