@@ -736,7 +736,7 @@ class ProcessStacks(BaseModel):
     detail: str | None = None  # what in it, e.g. the function ("all_reduce") and library ("NCCL")
     kind: Literal["loading", "idle", "busy", "waiting", "collective", "unknown"] = "unknown"
     moving: bool | None = None  # the stacks changed between samples; None with one sample
-    unchanged_s: float | None = None  # how long the telling stack stayed the same across the samples
+    unchanged_s: float | None = None  # how long no thread moved and nothing was read, across the samples
     cpu_percent: float | None = None  # its CPU time over the capture's window (100 = one core); None: unread
     samples: int = 0
     threads: list[ThreadStack] = Field(default_factory=list)  # the last sample's threads
