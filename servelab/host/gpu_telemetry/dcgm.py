@@ -16,8 +16,15 @@ violation fields a counters file may add):
     DCGM_FI_PROF_PCIE_TX_BYTES, _RX_BYTES, DCGM_FI_PROF_NVLINK_TX_BYTES, _RX_BYTES   bytes/s
     DCGM_FI_DEV_RETIRED_SBE, DCGM_FI_DEV_RETIRED_DBE     pages
 
-Each sample is labelled gpu (index), UUID, modelName, device, Hostname. One GET per tick, a short timeout, a
-bounded body; a failure is one line (`last_error`) and an empty read, never an exception.
+Each sample is labelled gpu (index), UUID, modelName, device, Hostname. One GET per tick, over http.client (no
+proxy from the environment, no redirect followed: the default loopback probe never leaves the machine), bounded
+by one deadline for the whole exchange (a server trickling bytes cannot stretch it) and a bounded body; a failure
+is one line (`last_error`) and an empty read, never an exception.
+
+DCGM marks a value it does not have with a blank sentinel (dcgm_structs.h): DCGM_INT32_BLANK 0x7ffffff0 (and the
+NOT_FOUND/NOT_SUPPORTED/NOT_PERMISSIONED values just above it, up to 0x7fffffff), DCGM_INT64_BLANK
+0x7ffffffffffffff0 and up, DCGM_FP64_BLANK 140737488355328.0 (2^47) and up. dcgm-exporter prints them as
+numbers; they are read as absent (None), as are NaN and infinities, field by field (`_value`).
 
 prometheus_client's parser spends ~70 us on each sample's labels (14 ms a scrape of 8 GPUs x 25 fields: 5 % of
 a core at 4 Hz); the label sets repeat for every field and every scrape, so each distinct set is parsed by it
@@ -27,15 +34,21 @@ once and the lines, all `NAME{LABELS} VALUE` from an exporter, are split at thei
 from __future__ import annotations
 
 import functools
+import http.client
+import math
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from servelab.records import GpuReading
 
 MAX_BODY_BYTES = 4 * 2**20  # an exporter with every field on 8 GPUs answers ~100 KB
 _MIB = 2**20
+_INT32_BLANK = 0x7FFFFFF0  # DCGM_INT32_BLANK; up to 0x7fffffff the other 32-bit sentinels
+_INT32_MAX = 0x7FFFFFFF
+_FP64_BLANK = 140737488355328.0  # DCGM_FP64_BLANK (2^47); DCGM_INT64_BLANK (~9.2e18) is above it too
 
 # field -> (GpuReading field, scale to its unit)
 _FIELDS: dict[str, tuple[str, float]] = {
@@ -71,23 +84,69 @@ class DcgmSource:
         return notes
 
     def scrape(self) -> str | None:
-        """The body of one GET, or None with `last_error` saying why in one line."""
-        request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})
+        """The body of one GET, or None with `last_error` saying why in one line. The whole exchange (connect,
+        headers, body) ends by one deadline, `timeout_s` from now: the socket is shut at it."""
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            self.last_error = f"{self.url} is not an http:// URL"
+            return None
+        connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                body = response.read(MAX_BODY_BYTES + 1)
-        except urllib.error.HTTPError as exc:
-            self.last_error = f"{self.url} answered HTTP {exc.code}"
+            connection = connection_class(parts.hostname, parts.port, timeout=self.timeout_s)
+        except (ValueError, OSError) as exc:
+            self.last_error = f"{self.url} did not answer ({' '.join(str(exc).split())[:120]})"
             return None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            self.last_error = f"{self.url} did not answer ({' '.join(str(reason).split())[:120]})"
+        expired = threading.Event()
+        opened: list[socket.socket] = []  # the connection hands its socket to the response: kept here to shut it
+
+        def shut() -> None:
+            expired.set()
+            for sock in opened:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        timer = threading.Timer(self.timeout_s, shut)
+        timer.daemon = True
+        timer.start()
+        try:
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            connection.connect()
+            opened.append(connection.sock)
+            if expired.is_set():
+                shut()
+            connection.request("GET", path, headers={"Accept": "text/plain"})
+            response = connection.getresponse()
+            if response.status != 200:
+                redirect = " (a redirect, not followed: give the exporter's own URL)" if 300 <= response.status < 400 \
+                    else ""
+                self.last_error = f"{self.url} answered HTTP {response.status}{redirect}"
+                return None
+            chunks: list[bytes] = []
+            size = 0
+            while size <= MAX_BODY_BYTES:
+                chunk = response.read1(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            if expired.is_set():
+                raise TimeoutError
+        except (http.client.HTTPException, OSError, ValueError) as exc:
+            if expired.is_set():
+                self.last_error = f"{self.url} did not answer within {self.timeout_s:g} s"
+            else:
+                self.last_error = f"{self.url} did not answer ({' '.join(str(exc).split())[:120] or type(exc).__name__})"
             return None
-        if len(body) > MAX_BODY_BYTES:
+        finally:
+            timer.cancel()
+            connection.close()
+        if size > MAX_BODY_BYTES:
             self.last_error = f"{self.url} answered more than {MAX_BODY_BYTES // 2**20} MiB: not a DCGM exporter?"
             return None
         self.last_error = None
-        return body.decode("utf-8", errors="replace")
+        return b"".join(chunks).decode("utf-8", errors="replace")
 
     def read(self) -> list[GpuReading]:
         t_ns = self._clock()
@@ -171,7 +230,7 @@ def _values_by_gpu(body: str) -> dict[int, dict[str, Any]]:
         if not parts:
             raise ValueError(f"no value: {line[:80]}")
         labels = _labels(line[brace:close + 1])
-        _keep(per_gpu, line[:brace], labels, float(parts[0]))
+        _keep(per_gpu, line[:brace], labels, _value(float(parts[0])))
     return per_gpu
 
 
@@ -182,11 +241,18 @@ def _values_by_gpu_slow(body: str) -> dict[int, dict[str, Any]]:
     for family in text_string_to_metric_families(body):
         if family.name.startswith("DCGM_FI_"):  # a counter's family name drops the "_total" its samples get
             for sample in family.samples:
-                _keep(per_gpu, family.name, sample.labels, float(sample.value))
+                _keep(per_gpu, family.name, sample.labels, _value(float(sample.value)))
     return per_gpu
 
 
-def _keep(per_gpu: dict[int, dict[str, Any]], field: str, labels: dict[str, str], value: float) -> None:
+def _value(value: float) -> float | None:
+    """The value, or None for a DCGM blank sentinel (module docstring), NaN or an infinity."""
+    if not math.isfinite(value) or value >= _FP64_BLANK or _INT32_BLANK <= value <= _INT32_MAX:
+        return None
+    return value
+
+
+def _keep(per_gpu: dict[int, dict[str, Any]], field: str, labels: dict[str, str], value: float | None) -> None:
     try:
         gpu = int(labels.get("gpu", ""))
     except ValueError:
@@ -196,7 +262,8 @@ def _keep(per_gpu: dict[int, dict[str, Any]], field: str, labels: dict[str, str]
         values["uuid"] = labels["UUID"]
     if "name" not in values and labels.get("modelName"):
         values["name"] = labels["modelName"]
-    values[field] = value
+    if value is not None:  # a blank is a field the exporter has no value for: left out, as one it does not list
+        values[field] = value
 
 
 @functools.lru_cache(maxsize=1024)
