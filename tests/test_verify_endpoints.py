@@ -435,3 +435,27 @@ def test_a_streamed_call_cut_at_max_tokens_inside_its_arguments_only_warns():
     assert ("tool call 1: the stream was cut at max_tokens=48 inside its arguments (finish_reason length), so they "
             "could not be parsed") in check.reason
     assert "finish_reason is 'length', OpenAI says 'tool_calls'" in check.reason
+
+
+def test_a_responses_endpoint_that_streams_a_request_without_stream_fails_and_the_stream_is_still_judged():
+    # transformers serve 5.24, measured: /v1/responses answers SSE (data: lines only) whether or not stream is asked
+    async def always_streams(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=typed_sse(response_events(), event_lines=False),
+                            headers={"Content-Type": "text/event-stream"})
+
+    check = run(FakeOpenAI(responses=always_streams), ["responses_api"])["responses_api"]
+    assert check.outcome == "fail"
+    assert check.reason.startswith('streamed "The answer is 4." in 12 events; a request without `stream` (OpenAI\'s '
+                                   'default: not streamed) was answered with an SSE stream, not a Response object; '
+                                   'nor with `stream: false`; 12 of 12 event(s) have no `event:` line'), check.reason
+
+    async def streams_unless_told(request: web.Request) -> web.StreamResponse:  # what transformers serve does
+        if (await request.json()).get("stream") is False:
+            return web.json_response(response_object("".join(ANSWER), 12, len(ANSWER)))
+        return await always_streams(request)
+
+    check = run(FakeOpenAI(responses=streams_unless_told), ["responses_api"])["responses_api"]
+    assert check.outcome == "fail"
+    assert check.reason.startswith('answer "The answer is 4."; streamed "The answer is 4." in 12 events; a request '
+                                   'without `stream`'), check.reason
+    assert "with `stream: false` it answers one" in check.reason

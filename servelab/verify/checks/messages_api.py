@@ -38,11 +38,16 @@ async def messages_api(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     if why_not:
         return skip(why_not)
     findings = Findings()
-    text = judge_message(parse_json(reply.text, reply.content_type), findings)
+    text: str | None = None  # the plain answer's, when it is one
+    if reply.content_type == "text/event-stream":  # transformers serve streams whatever the request says
+        findings.fail("a request without `stream` was answered with an SSE stream, not a message object")
+    else:
+        text = judge_message(parse_json(reply.text, reply.content_type), findings)
     streamed = await send_stream(ctx, evidence, messages_request(ctx.model, stream=True), MESSAGES_PATH)
     events = read_typed_events(streamed, findings)
     streamed_text = judge_message_events(events, findings)
-    return findings.verdict(f"answer {quoted(text)}; streamed {quoted(streamed_text)} in {len(events)} events")
+    answer = f"answer {quoted(text)}; " if text is not None else ""
+    return findings.verdict(f"{answer}streamed {quoted(streamed_text)} in {len(events)} events")
 
 
 def judge_message(body: Any, findings: Findings) -> str:

@@ -74,16 +74,23 @@ def judge_rerank(path: str, body: Any) -> CheckVerdict:
         findings.fail(f"no score for document(s) {', '.join(map(str, missing))} (all were asked for)")
         return findings.verdict(f"{path}")
     relevant, other = scores[RELEVANT], scores[1 - RELEVANT]
-    order = "results sorted by score" if listed == sorted(listed, reverse=True) else "results in document order" \
-        if [item.get("index") for item in items] == list(range(len(items))) else "results in neither score nor " \
-        "document order"
-    findings.note(f"{shape}, {order}")
+    findings.note(f"{shape}, {listing_order(items, listed)}")
     if relevant > other:
         return findings.verdict(f"{path}: the Paris document scored {relevant:.4g}, above bananas {other:.4g}")
     findings.fail(f"wrong order: the bananas document scored {other:.4g}, "
                   f"{'equal to' if relevant == other else 'above'} the Paris document {relevant:.4g}, "
                   f"for the query {RERANK_QUERY!r}")
     return findings.verdict(f"{path}")
+
+
+def listing_order(items: list[Any], listed_scores: list[float]) -> str:
+    """How the results are listed: llama.cpp, vLLM's rerank and SGLang sort them by score, vLLM's score keeps the
+    documents' order; clients that take the first result as the best care which."""
+    if listed_scores == sorted(listed_scores, reverse=True):
+        return "results sorted by score"
+    if [item.get("index") for item in items] == list(range(len(items))):
+        return "results in document order"
+    return "results in neither score nor document order"
 
 
 def rerank_items(body: Any) -> tuple[list[Any], str]:

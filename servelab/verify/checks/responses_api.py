@@ -37,11 +37,23 @@ async def responses_api(ctx: CheckContext, evidence: Evidence) -> CheckVerdict:
     if why_not:
         return skip(why_not)
     findings = Findings()
-    text = judge_response(parse_json(reply.text, reply.content_type), findings, "the response")
+    text: str | None = None  # the plain answer's, when it is one
+    if reply.content_type == "text/event-stream":  # transformers serve streams unless told `stream: false`
+        explicit = await request_raw(ctx.session, "POST", ctx.base_url, RESPONSES_PATH,
+                                     evidence.request | {"stream": False})
+        told = ("with `stream: false` it answers one" if explicit.status == 200 and explicit.content_type ==
+                "application/json" else "nor with `stream: false`")
+        findings.fail(f"a request without `stream` (OpenAI's default: not streamed) was answered with an SSE "
+                      f"stream, not a Response object; {told}")
+        if explicit.status == 200 and explicit.content_type == "application/json":
+            text = judge_response(parse_json(explicit.text, explicit.content_type), findings, "the response")
+    else:
+        text = judge_response(parse_json(reply.text, reply.content_type), findings, "the response")
     streamed = await send_stream(ctx, evidence, responses_request(ctx.model, stream=True), RESPONSES_PATH)
     events = read_typed_events(streamed, findings)
     streamed_text = judge_response_events(events, findings)
-    return findings.verdict(f"answer {quoted(text)}; streamed {quoted(streamed_text)} in {len(events)} events")
+    answer = f"answer {quoted(text)}; " if text is not None else ""
+    return findings.verdict(f"{answer}streamed {quoted(streamed_text)} in {len(events)} events")
 
 
 def output_text(response: dict[str, Any]) -> str | None:
