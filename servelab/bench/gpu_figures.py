@@ -623,7 +623,11 @@ def pool_gpu(summaries: Sequence[GpuSummary]) -> GpuSummary:
     for s in measured:
         for g in s.gpus:
             by_gpu.setdefault(g.gpu, []).append((g, s.window_s or 0.0))
-    gpus = [_pool_device([g for g, _ in parts], sum(w for _, w in parts)) for _, parts in sorted(by_gpu.items())]
+    gpus = []
+    for _, parts in sorted(by_gpu.items()):
+        # a GPU is pooled over the trials in which it was the engine's (where it was, it counted in their sums)
+        engine_parts = [(g, w) for g, w in parts if g.engine] or parts
+        gpus.append(_pool_device([g for g, _ in engine_parts], sum(w for _, w in engine_parts)))
     sources = list(dict.fromkeys(s.source for s in measured if s.source))
     summary = GpuSummary(
         measured=True, source=" + ".join(sources) or None,
@@ -638,7 +642,34 @@ def pool_gpu(summaries: Sequence[GpuSummary]) -> GpuSummary:
         notes=list(dict.fromkeys(n for s in measured for n in s.notes)))
     if len(measured) < len(summaries):
         summary.notes.append(left_out)
-    return _totals(summary)
+    return _pooled_totals(_totals(summary), measured)
+
+
+def _pooled_totals(summary: GpuSummary, measured: Sequence[GpuSummary]) -> GpuSummary:
+    """The pooled sums from the trials' own (docs/metrics.md#gpu-trials): energy is the sum of the trials'
+    energies over the engine's GPUs of each (None if one has none), and each figure per token is over the trials
+    that have both the energy and that token count: a trial whose level was not measured counts no tokens, and
+    its energy is left out of the division with it (a note says which)."""
+    energy = _sum_or_none(s.energy_j for s in measured)
+    window_s = summary.window_s or 0.0
+    summary.energy_j = energy
+    summary.power_w_mean = energy / window_s if energy is not None and window_s > 0 else None
+    summary.j_per_output_token = summary.output_tokens_per_j = summary.j_per_answer_token = None
+    with_output = [s for s in measured if s.energy_j is not None and s.output_tokens is not None]
+    with_answer = [s for s in measured if s.energy_j is not None and s.answer_tokens is not None]
+    summary.output_tokens = sum(s.output_tokens for s in with_output) if with_output else None  # type: ignore[misc]
+    summary.answer_tokens = sum(s.answer_tokens for s in with_answer) if with_answer else None  # type: ignore[misc]
+    out_energy = sum(s.energy_j for s in with_output)  # type: ignore[misc]
+    answer_energy = sum(s.energy_j for s in with_answer)  # type: ignore[misc]
+    if with_output and out_energy > 0 and summary.output_tokens:
+        summary.j_per_output_token = out_energy / summary.output_tokens
+        summary.output_tokens_per_j = summary.output_tokens / out_energy
+    if with_answer and answer_energy > 0 and summary.answer_tokens:
+        summary.j_per_answer_token = answer_energy / summary.answer_tokens
+    if with_output and len(with_output) < len(measured):
+        summary.notes.append(f"energy per token over {len(with_output)} of the {len(measured)} trials: the others "
+                             f"had no energy or no token count for the window (a level not measured counts none)")
+    return summary
 
 
 def _pool_device(parts: Sequence[GpuDeviceSummary], window_s: float) -> GpuDeviceSummary:
