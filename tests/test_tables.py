@@ -80,6 +80,21 @@ def test_levels_and_headline_keep_every_number_whole(width):
     assert "single-stream decode tok/s" in text
 
 
+def test_a_level_table_s_headers_are_whole_at_80_columns():
+    """A header is as whole as its numbers: the table is split rather than its headers cropped to the numbers'
+    width ("leve" for "level", "ok/sen" for "ok/sent")."""
+    from servelab.bench.figures import LEVEL_FIGURES
+
+    summary, _ = synthetic_run("narrow", max_concurrency=8)  # short numbers: narrow columns
+    text = render(80, lambda c: render_levels(c, summary.trials[0].sweep))
+    words = {word for line in text.splitlines() for word in re.findall(r"[A-Za-z0-9/]+", line)}
+    headers = ["level", "ok/sent"] + [w for f in LEVEL_FIGURES for col in f.terminal
+                                      for line in col.header.splitlines() for w in line.split()]
+    assert headers[2:], "the figure table names terminal columns"
+    missing = [h for h in headers if h not in words]
+    assert not missing, (missing, text)
+
+
 @pytest.mark.parametrize("width", [80, PIPE_WIDTH], ids=["80-columns", "pipe"])
 def test_the_comparison_keeps_figures_intervals_ratios_and_names_whole(width):
     data, _ = runs()

@@ -91,7 +91,11 @@ def build_table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[
         # A num or id column never wraps; the layouts below print a table only where every one fits whole, so
         # its overflow never applies (fold is the safety net that would lose no digit; rich's "ignore" would
         # also lose the column's justification).
-        table.add_column(col.header, justify=col.justify, no_wrap=not wrap, overflow="fold", style=col.style)
+        # A header is as whole as its numbers: rich would crop it to the column's numbers ("leve" for "level"),
+        # so its longest line is the column's least width, and a table too wide for that is split instead.
+        least = max((len(line) for line in col.header.splitlines()), default=0) if not wrap else None
+        table.add_column(col.header, justify=col.justify, no_wrap=not wrap, overflow="fold", style=col.style,
+                         min_width=least)
     for row in rows:
         table.add_row(*row)
     return table
