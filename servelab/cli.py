@@ -388,8 +388,9 @@ def doctor_cmd(
 
     Any one of --pid, --url, --log will do: the URL is found from the process's listening sockets, the process
     from a local URL's port, the log from the process's output file. Exit 1 when it is stalled, crashed, not
-    running (nothing listens at the URL, nothing else to look at) or there is no such process."""
-    from servelab.lifecycle.doctor import diagnose
+    running (nothing listens at the URL, nothing else to look at), there is no such process, or it answers its
+    readiness probe while its stacks look deadlocked."""
+    from servelab.lifecycle.doctor import diagnose, looks_hung
     from servelab.report.doctor import render_diagnosis
 
     result = diagnose(pid=pid, log=log, url=url, engine=engine, seconds=seconds, stacks=stacks is not False,
@@ -398,7 +399,7 @@ def doctor_cmd(
         print(result.model_dump_json(indent=2))
     else:
         render_diagnosis(console, result)
-    if result.verdict.state in ("stalled", "crashed", "not running", "no such process"):
+    if looks_hung(result):
         raise typer.Exit(1)
 
 

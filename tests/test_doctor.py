@@ -226,3 +226,59 @@ def test_doctor_shows_the_activities_by_default_the_dump_with_stacks_and_nothing
     assert "Thread " in raw.stdout and "Scheduler.recv_requests (sglang/srt/managers/scheduler.py:" in raw.stdout
     d = json.loads(skipped.stdout)
     assert d["stack_report"] is None and d["stacks"] is None
+
+
+def test_a_ready_server_whose_ranks_look_deadlocked_says_so_and_exits_1(tmp_path):
+    """The replayed SGLang hung in decode answers /health 200 while its ranks disagree on a collective: ready by
+    its probe, but the reason says the ranks look deadlocked, the evidence holds the stacks, doctor exits 1."""
+    import http.client
+    import threading
+    import urllib.request
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([PY, "-m", "servelab.engines.replay", "--script", "sglang-tp8", "--speed", "200",
+                             "--variant", "hang-in-decode", "--port", str(port), "--model-file",
+                             str(resolve_model("smollm2").path)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        ready = diagnose(pid=proc.pid, url=url)
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                           "max_tokens": 8}).encode()
+
+        def stream() -> None:
+            request = urllib.request.Request(url + "/v1/chat/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as r:
+                    r.read()
+            except (OSError, http.client.HTTPException):
+                pass  # it hangs, and the test's end cuts it: that is the point
+
+        threading.Thread(target=stream, daemon=True).start()
+        time.sleep(1.5)
+        t0 = time.monotonic()
+        d = diagnose(pid=proc.pid, url=url)
+        took = time.monotonic() - t0
+        done = doctor_cli("--pid", str(proc.pid), "--url", url)
+    finally:
+        stop(proc)
+    # before the request: ready and idle, and the idle sentence only then
+    assert ready.verdict.state == "ready" and ready.stack_report.verdict == "idle", ready.stack_report.summary
+    assert ready.verdict.reason.endswith("idle threads are normal for a server waiting for requests")
+    assert d.verdict.state == "ready", d.verdict.reason
+    assert d.stack_report.verdict == "deadlock", d.stack_report.summary
+    assert "it answers /health but its ranks look deadlocked: " + d.stack_report.summary in d.verdict.reason
+    assert "idle threads are normal" not in d.verdict.reason
+    assert d.verdict.evidence["stacks"] == d.stack_report.summary
+    assert d.stack_report.samples == 2 and took < 2.5  # ready at once: two samples 0.5 s apart, not the window
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "look deadlocked" in done.stdout

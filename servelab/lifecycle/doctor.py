@@ -14,7 +14,9 @@ window alone must cover the budget.
 With a live pid it also reads the stacks of the whole process tree (lifecycle/stacks/), in a thread alongside the
 window and spread over it, so they cost next to no time: each process's activity ("TP3 scheduler: in all_reduce,
 stack unchanged for 3.0 s") and the tree's in one line, which a stalled or loading verdict names in its evidence
-(`stacks`), and a stall in its reason. `stacks=False` skips them; `raw_stacks` adds the dumps as text.
+(`stacks`), and a stall in its reason. A server ready at the first probe is read twice, 0.5 s apart (its window
+ends at once); one that answers its probe while its stacks look deadlocked says so and exits 1 (`name_the_stacks`,
+`looks_hung`). `stacks=False` skips them; `raw_stacks` adds the dumps as text.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from servelab.records import Diagnosis, StackReport, Verdict
 STACK_SAMPLES = 3
 STACK_MAX_INTERVAL_S = 1.5
 STACK_DEADLINE_S = 10.0  # all samples of every process, whatever the window
+READY_STACK_SAMPLES = 2  # a server ready at the first probe: enough to see whether anything moves
+READY_STACK_INTERVAL_S = 0.5
 NO_LOG_PHASE = "unknown (no log)"  # the phase when there is no log to read it from
 MODELS_PATH = "/v1/models"
 _SPEED = re.compile(r"--speed[= ](\d+(?:\.\d+)?)")
@@ -104,7 +108,8 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
         tailer = LogTailer(Path(log), start_offset=os.stat(log).st_size)
         notes.append(f"log last written {log_age_s:.0f} s ago")
 
-    stack_reader = _StackReader(live_pid, adapter, seconds, raw_stacks) if stacks and live_pid is not None else None
+    wants_stacks = stacks and live_pid is not None
+    stack_reader: _StackReader | None = None  # started after the first probe, which says how long to watch
     if stacks and live_pid is None and raw_stacks:
         notes.append("--stacks needs a live process (--pid, or a local URL whose listener can be found)")
     sampler = EvidenceSampler(live_pid, Path(log) if log else None)
@@ -122,6 +127,8 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
             if url is not None:
                 probe_state, probe_status = _probe(adapter, url)
             observer.sample(now, probe_state, phase=None if log is not None else NO_LOG_PHASE)
+            if wants_stacks and stack_reader is None:
+                stack_reader = _StackReader(live_pid, adapter, seconds, raw_stacks, ready=probe_state == "ready")
             if live_pid is not None and not _alive(live_pid):
                 if stack_reader is not None:
                     stack_reader.result()  # its py-spy runs end within their deadline; nothing left behind
@@ -143,8 +150,7 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
                     f"{probe_status})")
         verdict = Verdict(state="ready", reason=why
                           + (f"; serving {', '.join(models[:3])}" if models and probe_state == "ready" else "")
-                          + ("; the log's ready line is there too" if tracker.ready_line_s is not None else "")
-                          + "; idle threads are normal for a server waiting for requests",
+                          + ("; the log's ready line is there too" if tracker.ready_line_s is not None else ""),
                           evidence={"probe_status": probe_status, "models": models, **_facts(sampler)})
     elif probe_state == "down" and live_pid is None and log is None:
         verdict = Verdict(state="not running",
@@ -174,8 +180,7 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
     lint = lint_all(adapter, EngineSpec(engine=adapter.name, model="-"), cmdline or [], config,
                     log_lines_for_lint(Path(log)) if log else [])
     report = stack_reader.result() if stack_reader is not None else None
-    if report is not None:
-        name_the_stacks(verdict, report)
+    name_the_stacks(verdict, report, probe_path=adapter.probe_path)
     gpus, gpus_note, engine_gpus = _gpus(live_pid)
     return Diagnosis(engine=adapter.name if not isinstance(adapter, _Generic) else None, pid=pid or live_pid,
                      log_path=str(log) if log else None, url=url, verdict=verdict, phases=tracker.phases,
@@ -200,15 +205,19 @@ def _gpus(live_pid: int | None) -> tuple[list, str | None, list[int]]:
 class _StackReader:
     """read_stacks in a thread, its samples spread over doctor's window so that it adds next to no time."""
 
-    def __init__(self, pid: int, adapter: EngineAdapter, window_s: float, raw: bool) -> None:
-        interval = max(0.2, min(STACK_MAX_INTERVAL_S, window_s / (STACK_SAMPLES - 1)))
+    def __init__(self, pid: int, adapter: EngineAdapter, window_s: float, raw: bool, ready: bool = False) -> None:
+        # A server that answers at once ends the window at once: two samples half a second apart still tell a
+        # deadlock (nothing moves) from a server at work, at half a second's cost instead of the window's.
+        samples = READY_STACK_SAMPLES if ready else STACK_SAMPLES
+        interval = (READY_STACK_INTERVAL_S if ready
+                    else max(0.2, min(STACK_MAX_INTERVAL_S, window_s / (STACK_SAMPLES - 1))))
         self._report: StackReport | None = None
-        self._thread = threading.Thread(target=self._read, args=(pid, adapter, interval, raw), name="stacks",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._read, args=(pid, adapter, samples, interval, raw),
+                                        name="stacks", daemon=True)
         self._thread.start()
 
-    def _read(self, pid: int, adapter: EngineAdapter, interval: float, raw: bool) -> None:
-        self._report = read_stacks(pid, None if isinstance(adapter, _Generic) else adapter, samples=STACK_SAMPLES,
+    def _read(self, pid: int, adapter: EngineAdapter, samples: int, interval: float, raw: bool) -> None:
+        self._report = read_stacks(pid, None if isinstance(adapter, _Generic) else adapter, samples=samples,
                                    interval_s=interval, deadline_s=STACK_DEADLINE_S, raw=raw)
 
     def result(self) -> StackReport:
@@ -217,17 +226,40 @@ class _StackReader:
                                            summary="the stacks were not read in time")
 
 
-def name_the_stacks(verdict: Verdict, report: StackReport) -> None:
+def name_the_stacks(verdict: Verdict, report: StackReport | None, probe_path: str = "/health") -> None:
     """A stalled or loading verdict says what the stacks showed: in its evidence, and at the end of a stall's
-    reason (the stall is judged by the counters; the stacks say where it stands)."""
-    if verdict.state not in ("stalled", "loading"):
+    reason (the stall is judged by the counters; the stacks say where it stands). A ready verdict is the probe's
+    answer, and a server can answer its health check while every request hangs: when its stacks look deadlocked
+    or stuck its reason says so (and doctor exits 1, `looks_hung`); only stacks that say idle, or none at all,
+    earn the sentence that idle threads are normal."""
+    said = (report.summary or report.unavailable) if report is not None else None
+    if verdict.state == "ready":
+        if report is not None and said:
+            verdict.evidence["stacks"] = said
+            verdict.evidence["stacks_verdict"] = report.verdict
+        if report is not None and report.unavailable is None and report.verdict in ("deadlock", "stuck"):
+            who = "its ranks" if any(p.role and "TP" in p.role for p in report.processes) else "its processes"
+            looks = "look deadlocked" if report.verdict == "deadlock" else "look stuck"
+            verdict.reason = (f"{verdict.reason}; it answers {probe_path} but {who} {looks}: {said} "
+                              "(requests may hang)")
+        elif report is None or report.unavailable is not None or report.verdict == "idle":
+            verdict.reason += "; idle threads are normal for a server waiting for requests"
         return
-    said = report.summary or report.unavailable
-    if not said:
+    if report is None or verdict.state not in ("stalled", "loading") or not said:
         return
     verdict.evidence["stacks"] = said
     if verdict.state == "stalled" and report.unavailable is None:
         verdict.reason = f"{verdict.reason.rstrip('.')}; the stacks: {said}"
+
+
+def looks_hung(d: Diagnosis) -> bool:
+    """Whether doctor exits 1: a server that is not serving, or one that answers its health check while its
+    stacks look deadlocked. The state stays what the probe said ("ready": it does answer), so scripts that read
+    the state see no new value; the exit code and the reason carry the warning. A ready server whose stacks look
+    merely stuck exits 0: a wait the signatures cannot name is no proof that requests hang."""
+    if d.verdict.state in ("stalled", "crashed", "not running", "no such process"):
+        return True
+    return d.verdict.state == "ready" and d.verdict.evidence.get("stacks_verdict") == "deadlock"
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ def render_diagnosis(console: Console, d: Diagnosis) -> None:
                                 d.url or "", d.log_path or "") if x)
     console.print(f"[bold]{who}[/bold]", highlight=False)
     style = _STYLE.get(d.verdict.state, "")
+    if d.verdict.state == "ready" and d.verdict.evidence.get("stacks_verdict") == "deadlock":
+        style = "bold yellow"  # it answers its probe, but its stacks look deadlocked: not the green of all's well
     console.print(f"[{style}]{d.verdict.state.upper()}[/{style}]  {d.verdict.reason}", highlight=False)
     for key, label in _SHOWN.items():
         value = d.verdict.evidence.get(key)
