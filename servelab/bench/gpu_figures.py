@@ -499,7 +499,26 @@ def summarize_gpu(readings: Iterable[GpuReading], *, window: tuple[int, int], ou
     summary.reasons = _contention(mine, by_engine)
     summary.contended = bool(summary.reasons)
     summary.warnings = _warnings(mine, window_s, devices)
+    elsewhere = _compute_elsewhere(gpus) if by_engine else None
+    if elsewhere:
+        summary.warnings.append(elsewhere)
+        summary.notes.append(elsewhere)
     return summary
+
+
+def _compute_elsewhere(gpus: Sequence[GpuDeviceSummary]) -> str | None:
+    """The GPUs that ran compute processes outside the engine's tree while the engine ran on others
+    (docs/metrics.md#gpu-engine): the engine's own ranks when an executor starts them outside its tree (vLLM's
+    Ray workers, an MPI launcher), or another job. Either way its energy and J/token leave them out: said loudly."""
+    mine = [g.gpu for g in gpus if g.engine]
+    others = [g for g in gpus if not g.engine and g.other_pids]
+    if not mine or not others:
+        return None
+    pids = sorted({p for g in others for p in g.other_pids})
+    shown = ", ".join(str(p) for p in pids[:8]) + (f" and {len(pids) - 8} more" if len(pids) > 8 else "")
+    return (f"{gpu_list(g.gpu for g in others)} ran compute processes outside the engine's tree "
+            f"(pid{'s' if len(pids) > 1 else ''} {shown}) while the engine ran on {gpu_list(mine)}: if they are its "
+            f"ranks (a Ray executor, an MPI launcher), its energy and J/token leave them out")
 
 
 class _SummedPeak:

@@ -16,8 +16,9 @@ What one tick reads per device, and why that way:
   each tick: a cheap counter of XIDs seen since the sampler opened, and the last XID code. Retired pages (single
   and double bit) come from one nvmlDeviceGetFieldValues call.
 - Power (mW -> W), the total-energy counter (mJ), temperature, SM and memory clocks, the clocks-event
-  (throttle) reasons bitmask, power + thermal violation time (ns), memory used, and the pids of the compute and
-  graphics processes holding the device.
+  (throttle) reasons bitmask, power + thermal violation time (ns), memory used, and the pids of the compute
+  processes holding the device. Graphics-only processes (a display server, a desktop) are left out: they do not
+  compete with an engine for the SMs, and would make every level on a workstation's GPU contended.
 A field the device answers NotSupported is remembered and not asked again; a GPU that is lost is dropped, with a
 note that says so.
 """
@@ -320,12 +321,8 @@ class NvmlSource:
         if power_v is not None or thermal_v is not None:
             violation = sum(int(v.violationTime) for v in (power_v, thermal_v) if v is not None)
         retired = ask(device, "retired", lambda: self._retired_pages(device))
-        pids: set[int] = set()
-        for kind, call in (("compute", nvml.nvmlDeviceGetComputeRunningProcesses),
-                           ("graphics", nvml.nvmlDeviceGetGraphicsRunningProcesses)):
-            procs = ask(device, kind, lambda call=call: call(h))
-            for proc in procs or ():
-                pids.add(int(proc.pid))
+        pids = {int(proc.pid) for proc in ask(device, "compute", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(h))
+                or ()}
         return GpuReading(
             t_ns=t_ns, gpu=device.index, uuid=device.uuid, name=device.name, sm_active_pct=sm_pct,
             sm_source=sm_source, mem_used_bytes=int(memory.used) if memory is not None else None,
