@@ -17,10 +17,14 @@ before it). The verdict looks at the ranks (processes
 whose title names a tensor-parallel rank) when there are any, else at the processes an engine signature named,
 else at every process read:
 
-- deadlock: ranks in collectives with unchanged stacks, where the ranks disagree (different collectives, or some
-  ranks not in one), or all wait in the same one (a peer that never joins);
-- loading: a rank loading weights (moving or not: a slow disk is not a hang, and the line says unchanged);
-- busy: a rank running work (a batch, a compile, a CUDA-graph capture, tokenizing), or collectives that move;
+- loading: a rank loading weights (moving or not: a slow disk is not a hang, and the line says unchanged), the
+  ranks in a collective then named as waiting for it (a rank that finished loading all-reduces its free memory,
+  SGLang's get_available_gpu_memory, vLLM's profiling, while the others still load);
+- deadlock: ranks in collectives where no rank's stacks moved, where the ranks disagree (different collectives,
+  or some ranks not in one), or all wait in the same one (a peer that never joins);
+- busy: a rank running work (a batch, a compile, a CUDA-graph capture, tokenizing), collectives that move, or
+  ranks in a collective waiting for ranks whose stacks move (one still starting while the others sit in the
+  rendezvous: "not hung");
 - idle: every rank idle in its request loop (a ready server waiting for requests);
 - stuck: the rest, with unchanged stacks (waiting, not idle); unknown: no stacks, or waits that move.
 """
@@ -181,30 +185,38 @@ def verdict(processes: Sequence[ProcessStacks], ranks: dict[int, int], engine_na
         return groups(procs)
 
     collective = [p for p in principal if p.kind == "collective"]
+    loading = [p for p in principal if p.kind == "loading"]
+    if loading:
+        # before any collective: a rank that finished loading waits in one (SGLang's memory all_reduce after its
+        # load, vLLM's profiling) for the ranks still loading; that is a load going on, not a deadlock
+        what = _common_phrase(loading)
+        rest = [p for p in principal if p.kind not in ("loading", "collective")]
+        others = f"; {groups(rest)}" if rest else ""
+        waiting = (f"; {_label(collective, ranks if ranked else {})} {_common_phrase(collective)}, waiting for "
+                   f"the {noun} still loading" if collective else "")
+        if all(p.moving is False for p in loading):
+            return "loading", (f"{count(loading)} {what}{others}, stacks unchanged for "
+                               f"{max(p.unchanged_s or 0.0 for p in loading):.1f} s{waiting}: loading, or waiting on "
+                               "storage")
+        motion = ", stacks moving" if any(p.moving for p in loading) else ""
+        return "loading", f"{count(loading)} {what}{others}{motion}{waiting}: loading, not hung"
     if collective:
-        disagreeing = groups(principal)
-        still = all(p.moving is False for p in collective)
-        names = {p.activity for p in collective}
         window = max(p.unchanged_s or 0.0 for p in collective)
-        if still and (len(names) > 1 or len(collective) < len(principal)):
-            return "deadlock", (f"{disagreeing}: {noun} disagree on the collective (stacks unchanged for "
-                                f"{window:.1f} s): "
-                                "a likely deadlock")
-        if still:
+        names = {p.activity for p in collective}
+        # a deadlock only when nothing the verdict looks at moved: a rank still starting (importing, setting up)
+        # while the others sit in the rendezvous is a start going on
+        if all(p.moving is False for p in principal):
+            if len(names) > 1 or len(collective) < len(principal):
+                return "deadlock", (f"{groups(principal)}: {noun} disagree on the collective (stacks unchanged for "
+                                    f"{window:.1f} s): a likely deadlock")
             return "deadlock", (f"{count(collective)} {collective[0].activity}, stacks unchanged for {window:.1f} s: "
                                 "all wait in the same collective for a peer that never joins: a likely deadlock")
         if any(p.moving for p in collective):
             return "busy", f"{described(principal)}, stacks moving: busy"
-    loading = [p for p in principal if p.kind == "loading"]
-    if loading:
-        what = _common_phrase(loading)
-        rest = [p for p in principal if p.kind != "loading"]
-        others = f"; {groups(rest)}" if rest else ""
-        if all(p.moving is False for p in loading):
-            return "loading", (f"{count(loading)} {what}{others}, stacks unchanged for "
-                               f"{max(p.unchanged_s or 0.0 for p in loading):.1f} s: loading, or waiting on storage")
-        motion = ", stacks moving" if any(p.moving for p in loading) else ""
-        return "loading", f"{count(loading)} {what}{others}{motion}: loading, not hung"
+        moving = [p for p in principal if p.moving and p.kind != "collective"]
+        if moving and all(p.moving is False for p in collective):
+            return "busy", (f"{groups(moving)}, stacks moving; {_label(collective, ranks if ranked else {})} "
+                            f"{_common_phrase(collective)}, waiting for them: not hung")
     busy = [p for p in principal if p.kind == "busy"]
     if busy:
         # a process busy in native threads keeps its Python stack still by nature: its CPU time moved instead

@@ -1,0 +1,69 @@
+"""The tree's verdict from its processes as summarize.py names them: the rules that tell a load, a start and a
+deadlock apart when some ranks sit in a collective (servelab/lifecycle/stacks/summarize.py verdict()).
+
+The processes are ProcessStacks as process_stacks() makes them from py-spy's dumps; what a real dump of each looks
+like is tested in test_stacks.py with the real py-spy on real processes.
+"""
+
+from __future__ import annotations
+
+from servelab.lifecycle.stacks.summarize import verdict
+from servelab.records import ProcessStacks
+
+
+def rank(pid: int, kind: str, activity: str, detail: str | None = None, *, moving: bool,
+         unchanged_s: float = 0.0) -> ProcessStacks:
+    return ProcessStacks(pid=pid, role=f"TP{pid} scheduler", kind=kind, activity=activity, detail=detail,
+                         moving=moving, unchanged_s=None if moving else unchanged_s, samples=3)
+
+
+def loader(pid: int, *, moving: bool = True) -> ProcessStacks:
+    return rank(pid, "loading", "loading weights", "safetensors", moving=moving, unchanged_s=3.0)
+
+
+def in_collective(pid: int, name: str = "all_reduce") -> ProcessStacks:
+    return rank(pid, "collective", f"in {name}", "torch.distributed", moving=False, unchanged_s=3.0)
+
+
+RANKS = {p: p for p in range(8)}
+
+
+def test_a_rank_that_finished_loading_waits_in_a_collective_for_the_ranks_still_loading():
+    """SGLang's get_available_gpu_memory(distributed=True) all-reduces once a rank has loaded: rank 3 is there,
+    the others still read their weights."""
+    procs = [loader(0), loader(1), loader(2), in_collective(3)]
+    state, summary = verdict(procs, RANKS)
+    assert state == "loading", summary
+    assert summary == ("3 of 4 ranks loading weights (safetensors), stacks moving; rank 3 in all_reduce "
+                       "(torch.distributed), waiting for the ranks still loading: loading, not hung")
+
+
+def test_the_same_with_loaders_on_a_slow_disk_is_loading_not_a_deadlock():
+    procs = [loader(0, moving=False), loader(1, moving=False), in_collective(2), in_collective(3)]
+    state, summary = verdict(procs, RANKS)
+    assert state == "loading", summary
+    assert summary.startswith("2 of 4 ranks loading weights (safetensors), stacks unchanged for 3.0 s; ranks 2-3 "
+                              "in all_reduce (torch.distributed), waiting for the ranks still loading")
+    assert summary.endswith(": loading, or waiting on storage")
+
+
+def test_ranks_in_the_rendezvous_while_one_still_starts_are_not_a_deadlock():
+    procs = [rank(0, "busy", "running import_module", moving=True), in_collective(1, "barrier"),
+             in_collective(2, "barrier"), in_collective(3, "barrier")]
+    state, summary = verdict(procs, RANKS)
+    assert state == "busy", summary
+    assert "deadlock" not in summary
+    assert summary == ("rank 0 running import_module, stacks moving; ranks 1-3 in barrier (torch.distributed), "
+                       "waiting for them: not hung")
+
+
+def test_ranks_that_disagree_with_nothing_moving_are_still_a_likely_deadlock():
+    procs = [in_collective(0, "broadcast"), in_collective(1, "broadcast"), in_collective(2, "broadcast"),
+             in_collective(3)]
+    state, summary = verdict(procs, RANKS)
+    assert state == "deadlock" and summary.endswith("a likely deadlock"), summary
+    # a rank outside any collective whose stack did not move either: still a deadlock
+    procs = [in_collective(0), in_collective(1), in_collective(2),
+             rank(3, "waiting", "waiting in recv", moving=False, unchanged_s=3.0)]
+    state, summary = verdict(procs, RANKS)
+    assert state == "deadlock" and "ranks disagree on the collective" in summary, summary
