@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servelab.bench.figures import WITHHELD_KEYS
+from servelab.bench.figures import GPU_FIGURES, WITHHELD_KEYS
 # The window rates (bench/figures.py): they mean nothing without a steady window, while per-request latencies stay
 # (they are real measurements of the requests that finished). Pooled across trials by bench/trials.py.
 from servelab.bench.figures import AGGREGATE_KEYS as AGGREGATE_KEYS
@@ -176,11 +176,20 @@ def withhold(summary: Summary) -> None:
     """Blank the aggregate figures of a level that is not measured (again after figures were added to it)."""
     if summary.steady is None or summary.steady.measured:
         return
-    for key in WITHHELD_KEYS:
+    for key in WITHHELD_KEYS + GPU_PER_TOKEN_KEYS:
         fig = summary.figures.get(key)
         if fig is not None:
             fig.value = None
             fig.note = f"not measured: {summary.steady.reason}"
+    gpu = summary.gpu
+    if gpu is not None and gpu.measured:  # the tokens it divides by are those output tok/s counts: none
+        gpu.output_tokens = gpu.answer_tokens = None
+        gpu.j_per_output_token = gpu.j_per_answer_token = gpu.output_tokens_per_j = None
+
+
+# The GPU figures per token (J/token, tok/J) divide by the tokens output tok/s counts: withheld with it, whichever
+# of the GPU figures and the level's judgement came first.
+GPU_PER_TOKEN_KEYS: tuple[str, ...] = tuple(f.key for f in GPU_FIGURES if f.counts_tokens)
 
 
 def is_measured(summary: Summary) -> bool:
