@@ -104,3 +104,44 @@ def test_one_capture_at_a_time_and_never_two_back_to_back(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait(10)
+
+
+def test_one_silence_is_read_once_at_half_its_budget_and_once_at_its_stall():
+    """The watch keys a silence on when it began: samples every 1.0-1.03 s (non-integer times, as a loaded host
+    gives) through one 120 s silence ask for the stacks once at half the budget and once at the stall, never at
+    every sample (now minus a quiet_s rounded to 0.1 s jitters by a tenth)."""
+    import random
+    from types import SimpleNamespace
+
+    from servelab.lifecycle.launch import _StartupWatch
+    from servelab.lifecycle.stall_stacks import StallStacks
+    from servelab.records import StackReport, Verdict
+
+    clock = [0.0]
+    read_at: list[float] = []
+
+    def reader(pid, adapter):
+        read_at.append(clock[0])
+        return StackReport(summary="read")
+
+    last_moved, budget = 10.037, 120.0
+    watch = SimpleNamespace(stacks=StallStacks(1, None, reader=reader, clock=lambda: clock[0]),
+                            judge=SimpleNamespace(last_moved={"log": 3.0, "cpu": last_moved}),
+                            _half_budget_for=None, _stall_for=None)
+    for name in ("_silent_since", "_stacks_of_this_silence", "_ask_for_stacks"):
+        setattr(watch, name, getattr(_StartupWatch, name).__get__(watch))
+    rng = random.Random(2)
+    t = last_moved
+    while t < last_moved + budget + 5:
+        t += 1.0 + rng.random() * 0.03
+        clock[0] = t
+        quiet = t - last_moved
+        state = "stalled" if quiet >= budget else "loading"
+        asked = watch._ask_for_stacks(Verdict(state=state, reason="quiet", evidence={
+            "quiet_s": round(quiet, 1), "budget_s": budget}), t)
+        if watch.stacks._thread is not None:
+            watch.stacks._thread.join()
+    assert len(read_at) == 2, [round(x, 2) for x in read_at]
+    assert last_moved + budget / 2 - 0.1 <= read_at[0] < last_moved + budget / 2 + 1.1  # quiet_s is rounded
+    assert last_moved + budget <= read_at[1] < last_moved + budget + 1.1
+    assert asked.evidence["stacks"]["summary"] == "read"  # the stall's verdict names the stacks of its silence

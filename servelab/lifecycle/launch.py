@@ -239,8 +239,12 @@ class _StartupWatch:
 
     # ---- stacks ----
     def _silent_since(self, verdict: Verdict, now: float) -> float | None:
-        quiet = verdict.evidence.get("quiet_s")
-        return round(now - quiet, 1) if isinstance(quiet, (int, float)) else None
+        """When the silence the verdict describes began: the judge's own last-moved time, unrounded. (The
+        verdict's quiet_s is rounded to 0.1 s, and now minus it jitters by a tenth from sample to sample, which
+        would make every sample a new silence and read the stacks again and again.)"""
+        if not isinstance(verdict.evidence.get("quiet_s"), (int, float)) or not self.judge.last_moved:
+            return None
+        return max(self.judge.last_moved.values())
 
     def _stacks_of_this_silence(self, verdict: Verdict, now: float):
         """The latest stacks, if they were read during the silence the verdict describes."""
