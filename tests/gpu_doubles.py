@@ -89,3 +89,28 @@ class ScrapeServer:
 
 def dcgm_bodies() -> list[bytes]:
     return [p.read_bytes() for p in DCGM_SCRAPES]
+
+
+def fresh_dcgm_bodies(scrapes: int = 400) -> list[bytes]:
+    """An exporter run with -c 250 and read at 4 Hz: the second fixture scrape, with every GPU's energy counter
+    advancing by its power x 0.25 s at each scrape and its power a little different each time (an exporter at
+    its 30 s default serves one sample, which the figures refuse: tests/test_gpu_stale.py)."""
+    lines = DCGM_SCRAPES[1].read_text().splitlines()
+    power = {}
+    for line in lines:
+        if line.startswith("DCGM_FI_DEV_POWER_USAGE{"):
+            power[line[line.index('gpu="') + 5:].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+    bodies = []
+    for k in range(scrapes):
+        out = []
+        for line in lines:
+            if line.startswith(("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{", "DCGM_FI_DEV_POWER_USAGE{")):
+                head, value = line.rsplit(" ", 1)
+                gpu = line[line.index('gpu="') + 5:].split('"')[0]
+                if line.startswith("DCGM_FI_DEV_POWER_USAGE"):
+                    line = f"{head} {power[gpu] + (k % 2) * 0.5:.6f}"
+                else:
+                    line = f"{head} {int(float(value) + k * power[gpu] * 250)}"
+            out.append(line)
+        bodies.append(("\n".join(out) + "\n").encode())
+    return bodies

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_doubles import ScrapeServer, dcgm_bodies
+from gpu_doubles import ScrapeServer, fresh_dcgm_bodies
 from servelab.calibration import Script, start_calibration_server
 from servelab.records import BenchResult
 
@@ -36,7 +36,7 @@ def _result(out: Path) -> BenchResult:
 
 
 def test_a_dcgm_exporter_named_with_gpu_metrics_is_the_source(server, tmp_path: Path) -> None:
-    exporter = ScrapeServer(dcgm_bodies())
+    exporter = ScrapeServer(fresh_dcgm_bodies())
     try:
         proc = _bench(server.url, tmp_path, "--gpu-metrics", exporter.url)
     finally:
@@ -47,7 +47,7 @@ def test_a_dcgm_exporter_named_with_gpu_metrics_is_the_source(server, tmp_path: 
     if result.workload["gpu_telemetry"]["source"] == "nvml":  # a machine with an NVIDIA GPU answers first
         pytest.skip("NVML answered before the DCGM exporter")
     assert level.gpu.measured and level.gpu.source == f"dcgm {exporter.url}"
-    # the exporter answers its second scrape from then on: the counters stand still, the gauges are read
+    # an exporter refreshing at every scrape: its counters advance, its gauges are read
     assert len(level.gpu.gpus) == 8 and level.gpu.power_w_mean is not None
     assert all(g.mem_used_bytes_max > 0 and g.sm_source for g in level.gpu.gpus)
     assert exporter.hits >= 4  # scraped through the level, not once
@@ -68,3 +68,14 @@ def test_a_gpu_metrics_value_that_is_no_url_is_one_line(server, tmp_path: Path) 
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "bad --gpu-metrics 'localhost:9400'" in proc.stderr
     assert json.dumps(proc.stderr).count("\\n") <= 3
+
+
+def test_more_than_one_gpu_metrics_url_is_refused_in_one_line() -> None:
+    from servelab.bench.options import check_gpu_metrics
+    from servelab.errors import UserError
+
+    one = "http://127.0.0.1:9400/metrics"
+    assert check_gpu_metrics([one, one]) == [one]
+    with pytest.raises(UserError) as refused:
+        check_gpu_metrics([one, "http://127.0.0.1:9401/metrics"])
+    assert str(refused.value).startswith("--gpu-metrics given 2 URLs: a bench reads one DCGM exporter")

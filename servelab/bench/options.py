@@ -93,14 +93,19 @@ def build_options(a: BenchArgs) -> BenchOptions:
 
 
 def check_gpu_metrics(urls: list[str] | None) -> list[str]:
-    """--gpu-metrics: each an http(s) URL of a DCGM exporter's /metrics."""
+    """--gpu-metrics: an http(s) URL of a DCGM exporter's /metrics. One only: a bench reads one telemetry source,
+    whose GPU indices and engine processes are one host's; readings of several hosts would need their GPUs told
+    apart, which servelab does not do."""
     out = []
     for url in urls or []:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise UserError(f"bad --gpu-metrics '{url}'", hint="a DCGM exporter's URL, e.g. "
                                                                "http://127.0.0.1:9400/metrics")
         out.append(url)
-    return out
+    if len(set(out)) > 1:
+        raise UserError(f"--gpu-metrics given {len(set(out))} URLs: a bench reads one DCGM exporter (the engine's "
+                        f"host's)", hint="give the URL of the exporter on the host the engine runs on")
+    return list(dict.fromkeys(out))
 
 
 def parse_warmup(value: int | str | None) -> int | None:
