@@ -91,16 +91,26 @@ class GpuRun:
                 continue
         return frozenset(tree)
 
-    def mark_end(self) -> None:
-        """Wait for the sampler's next reading and write what it holds, so the series has the reading just after a
-        level's window that its counters need (docs/metrics.md#gpu). The sampler's own thread takes it: a source is
-        never read from two threads at once. Blocking (up to two intervals): call it off the event loop."""
+    def mark_end(self, window_end_ns: int | None = None) -> None:
+        """Wait for a reading taken after the level's window ended (`window_end_ns`, perf_counter ns; now when not
+        given) and write what the sampler holds, so the series has the reading just after the window that its
+        counters need (docs/metrics.md#gpu). A tick in progress when the window ended was stamped before its end:
+        it does not do. The sampler's own thread reads: a source is never read from two threads at once. Waits
+        until such a reading, or two more ticks (a source that gives nothing), or 3 intervals + 1 s. Blocking:
+        call it off the event loop."""
         sampler = self.sampler
         if sampler is None or self._stopped:
             return
+        end = time.perf_counter_ns() if window_end_ns is None else window_end_ns
         ticks = sampler.ticks
-        deadline = time.monotonic() + 2 * sampler.interval_s + 0.5
-        while sampler.ticks == ticks and time.monotonic() < deadline and not self._stopped:
+        deadline = time.monotonic() + 3 * sampler.interval_s + 1.0
+
+        def taken_after() -> bool:
+            last = getattr(sampler, "last_t_ns", None)
+            return last is not None and last > end
+
+        while not taken_after() and sampler.ticks < ticks + 2 and time.monotonic() < deadline \
+                and not self._stopped:
             time.sleep(min(0.02, sampler.interval_s / 4))
         sampler.flush()  # it keeps one chunk in memory; its readings must reach the file before they are read
 

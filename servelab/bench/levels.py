@@ -200,7 +200,7 @@ def level_gpu(state: RunState, summary: Summary, tally, window: tuple[int, int],
         return
     try:
         if mark:
-            gpu.mark_end()
+            gpu.mark_end(window[1])
         tokens, answer, _ = tally.in_window(window)
         measured = is_measured(summary)
         found = gpu.level(summary, window, tokens if measured else None, answer if measured else None)

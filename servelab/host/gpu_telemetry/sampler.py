@@ -58,6 +58,7 @@ class GpuSampler:
         self.overruns = 0
         self.write_error: str | None = None
         self.read_error: str | None = None
+        self.last_t_ns: int | None = None  # the time of the latest reading (what a level's end waits to pass)
         self._chunk: list[tuple[list[GpuReading], int]] = []  # (readings, read duration ns) per tick
         self._chunk_overruns = 0
         self._devices: list[dict[str, Any]] | None = None
@@ -136,6 +137,7 @@ class GpuSampler:
                 self._note(text)
             self.ticks += 1
             if readings:
+                self.last_t_ns = max(self.last_t_ns or readings[0].t_ns, *(r.t_ns for r in readings))
                 gpus = [r.gpu for r in readings]
                 if self._chunk and gpus != [r.gpu for r in self._chunk[0][0]]:
                     self._flush_chunk()  # the set of devices changed (a GPU lost): a chunk has one set
