@@ -121,15 +121,22 @@ class GpuRun:
             return not_measured(self.why_none)
         from servelab.host.gpu_telemetry.sampler import iter_readings
 
+        write_error = getattr(self.sampler, "write_error", None)
+        if write_error:
+            return not_measured(f"the GPU series could not be written ({_one_line(write_error)})")
         interval = self.sampler.interval_s
         margin = int(2 * interval * 1e9)  # the readings just before and just after the window
         try:
             readings = iter_readings(self.series, window[0] - margin, window[1] + margin)
-            return summarize_gpu(readings, window=window, output_tokens=output_tokens,
-                                 answer_tokens=answer_tokens, source=self.source_name or "?",
-                                 interval_s=interval, engine_pids=self.engine_tree())
+            found = summarize_gpu(readings, window=window, output_tokens=output_tokens,
+                                  answer_tokens=answer_tokens, source=self.source_name or "?",
+                                  interval_s=interval, engine_pids=self.engine_tree())
         except Exception as exc:  # a torn series file, a bug: the level keeps its other figures
-            return not_measured(f"the GPU series could not be read ({' '.join(str(exc).split())[:120]})")
+            return not_measured(f"the GPU series could not be read ({_one_line(exc)})")
+        source_error = getattr(self.sampler, "source_error", None)
+        if not found.measured and source_error:
+            found.reason = f"{found.reason}; the source's last failure: {_one_line(source_error)}"
+        return found
 
     def stop(self) -> None:
         """Stop the sampler (which closes the source); the series stays readable. Idempotent."""
@@ -156,8 +163,14 @@ class GpuRun:
         """What the bench's GPU figures came from, for its workload description."""
         if self.sampler is None:
             return {"source": None, "why_none": self.why_none}
+        failures = getattr(self.sampler, "failures", None)
         return {"source": self.source_name, "interval_s": self.sampler.interval_s,
-                "series": self.series.name if self.series is not None and self._temp_dir is None else None}
+                "series": self.series.name if self.series is not None and self._temp_dir is None else None,
+                **(failures() if failures is not None else {})}
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())[:160]
 
 
 def _words(why: str) -> str:

@@ -59,6 +59,8 @@ class GpuSampler:
         self.write_error: str | None = None
         self.read_error: str | None = None
         self.last_t_ns: int | None = None  # the time of the latest reading (what a level's end waits to pass)
+        self.empty_reads = 0  # ticks the source gave nothing (a DCGM scrape that failed)
+        self.source_error: str | None = None  # the source's last failure in one line (its `last_error`)
         self._chunk: list[tuple[list[GpuReading], int]] = []  # (readings, read duration ns) per tick
         self._chunk_overruns = 0
         self._devices: list[dict[str, Any]] | None = None
@@ -136,6 +138,11 @@ class GpuSampler:
             for text in _notes_of(self.source):
                 self._note(text)
             self.ticks += 1
+            if not readings:
+                self.empty_reads += 1
+                error = getattr(self.source, "last_error", None) or self.read_error
+                if error:
+                    self.source_error = str(error)
             if readings:
                 self.last_t_ns = max(self.last_t_ns or readings[0].t_ns, *(r.t_ns for r in readings))
                 gpus = [r.gpu for r in readings]
@@ -150,6 +157,15 @@ class GpuSampler:
             if len(self._chunk) >= self.chunk_ticks:
                 self._flush_chunk()
         return readings
+
+    def failures(self) -> dict[str, Any]:
+        """What went wrong while sampling, for the bench's provenance: only what did (an empty dict when all
+        went well)."""
+        with self._lock:
+            found = {"write_error": self.write_error, "read_error": self.read_error,
+                     "source_error": self.source_error,
+                     "empty_reads": self.empty_reads or None, "overruns": self.overruns or None}
+        return {k: v for k, v in found.items() if v is not None}
 
     def flush(self) -> None:
         """Write the readings held (the chunk in progress) now, so that a reader of the file sees them: a level's
