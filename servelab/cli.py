@@ -407,8 +407,8 @@ def doctor_cmd(
 def export_cmd(
     run_dir: Annotated[str, typer.Argument(help="A run directory (summary.json + records.jsonl), or a run id "
                                                 "from the store.")],
-    fmt: Annotated[str, typer.Option("--format", help="csv, json, or vllm (each level as a vllm bench serve "
-                                                      "--save-result JSON).")] = "csv",
+    fmt: Annotated[str, typer.Option("--format", help="csv, json, vllm (each level as a vllm bench serve "
+                                                      "--save-result JSON), or parquet (needs pyarrow).")] = "csv",
     to: Annotated[Optional[Path], typer.Option(help="Directory to write into (default: the run "
                                                     "directory).")] = None,
     out: OutOpt = Path("runs"),

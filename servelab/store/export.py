@@ -10,6 +10,7 @@
   (Summary.gpu.gpus), and `gpu_series.csv` the run directory's GPU time series (host/gpu_telemetry/sampler.py),
   one row per reading, streamed from the series files (never held whole). In JSON, `levels.json` carries each
   level's `gpu` whole and `gpu_series.json` the readings.
+- Parquet (store/export_parquet.py) writes the CSV export's files as `.parquet`, the same rows and columns typed.
 
 Works on any run directory, including an interrupted one (summary.json says so; a torn last line of
 records.jsonl is skipped) and one without summary.json (a run killed before it was written: records only).
@@ -32,7 +33,9 @@ from servelab.store.files import ensure_output_dir, output_file, write_output
 from servelab.store.rundir import RecordsFile, records_file
 from servelab.textsafe import visible
 
-FORMATS = ("csv", "json", "vllm")  # vllm: one vllm-bench-serve-shaped JSON per level (store/export_vllm.py)
+# vllm: one vllm-bench-serve-shaped JSON per level (store/export_vllm.py); parquet: the CSV export's files, typed,
+# for pandas, DuckDB, Spark (store/export_parquet.py; needs pyarrow, the `parquet` extra)
+FORMATS = ("csv", "json", "vllm", "parquet")
 
 RECORD_COLUMNS = [
     "index", "trial", "tag", "warmup", "endpoint", "ok", "error_kind", "http_status", "error_detail",
@@ -322,6 +325,11 @@ def _writer(fmt: str, model: str, series: Sequence[Path] = ()):
 
         # one pass over the records per level: held in memory for this format
         return lambda records, levels, out_dir: export_vllm(list(records), levels, out_dir, model=model)
+    if fmt == "parquet":
+        from servelab.store.export_parquet import export_parquet, require_pyarrow
+
+        require_pyarrow()  # before anything is written: without pyarrow, one line saying how to install it
+        return lambda records, levels, out_dir: export_parquet(records, levels, out_dir, series)
     write = export_csv if fmt == "csv" else export_json
     return lambda records, levels, out_dir: write(records, levels, out_dir, series)
 
