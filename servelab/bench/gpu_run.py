@@ -59,11 +59,16 @@ class GpuRun:
         if series is None:
             temp_dir = Path(tempfile.mkdtemp(prefix="servelab-gpu-"))
             series = temp_dir / SERIES_FILE
+        sampler = None
         try:
-            sampler = GpuSampler(source, series, interval_s=interval_s).start()
+            sampler = GpuSampler(source, series, interval_s=interval_s)
+            sampler.start()
         except Exception as exc:
             try:
-                source.close()
+                if sampler is not None:
+                    sampler.stop()  # its series file is open: closed, with the source
+                else:
+                    source.close()
             except Exception:
                 pass
             if temp_dir is not None:
@@ -116,9 +121,14 @@ class GpuRun:
 
     def level(self, summary: Summary, window: tuple[int, int], output_tokens: int | None,
               answer_tokens: int | None) -> GpuSummary:
-        """The level's GPU summary over `window` (docs/metrics.md#gpu), from the series written so far."""
+        """The level's GPU summary over `window` (docs/metrics.md#gpu), from the series written so far. Once the
+        sampler stopped (a level interrupted by Ctrl-C is summarised after it), the window ends at its last
+        reading: past it there is nothing to measure, and the tokens of the level came before."""
         if self.sampler is None or self.series is None:
             return not_measured(self.why_none)
+        last = getattr(self.sampler, "last_t_ns", None)
+        if self._stopped and last is not None and window[0] < last < window[1]:
+            window = (window[0], last)
         from servelab.host.gpu_telemetry.sampler import iter_readings
 
         write_error = getattr(self.sampler, "write_error", None)

@@ -102,8 +102,9 @@ class GpuSampler:
 
     def start(self) -> GpuSampler:
         if self._thread is None and not self._closed:
-            self._thread = threading.Thread(target=self._run, name="servelab-gpu-sampler", daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._run, name="servelab-gpu-sampler", daemon=True)
+            thread.start()  # may raise (no thread to be had): then there is none to join, and stop() closes
+            self._thread = thread
         return self
 
     def _run(self) -> None:
