@@ -177,6 +177,35 @@ def test_a_py_spy_that_never_answers_is_cut_at_the_deadline(tmp_path, monkeypatc
     assert p.error.startswith("py-spy did not answer within")
 
 
+def test_a_tree_of_more_processes_than_threads_of_old_still_ends_by_its_deadline(tmp_path, monkeypatch):
+    """20 processes none of which answers: every dump starts at once and the capture ends by its one deadline
+    (dumps queued behind a pool of 16 took twice the deadline), each process saying it did not answer."""
+    hang = tmp_path / "py-spy"
+    hang.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'py-spy 0.4.3' && exit 0\nexec sleep 60\n")
+    hang.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    root = subprocess.Popen(["sh", "-c", "for i in $(seq 20); do sleep 60 & done; wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while len(psutil_children(root.pid)) < 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        report = read_stacks(root.pid, None, samples=3, interval_s=0.5, deadline_s=2.0)
+        took = time.monotonic() - t0
+    finally:
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait()
+    assert len(report.processes) == 21
+    assert took < 2.0 + 0.9, took
+    assert all(p.error and p.error.startswith("py-spy did not answer within") for p in report.processes)
+
+
+def psutil_children(pid: int) -> list:
+    import psutil
+
+    return psutil.Process(pid).children(recursive=True)
+
+
 def test_without_py_spy_there_is_one_line_saying_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))  # nothing beside it
     monkeypatch.setenv("PATH", str(tmp_path))  # nor on PATH

@@ -6,8 +6,10 @@ rather than scraped, and unwinds native frames (`--native`: NCCL, CUDA, libc wai
 Each dump is blocking (py-spy pauses the process for the few milliseconds it takes to unwind it), because native
 frames need it: `--native` and `--nonblocking` cannot be combined, and a futex wait only says what it waits for
 through its native frames. A process py-spy cannot pause (stopped with SIGSTOP, or being traced) is read again
-with `--nonblocking`, which reads its memory without pausing it: Python frames only. Every dump runs under a
-subprocess timeout inside the capture's deadline, so a capture never hangs.
+with `--nonblocking`, which reads its memory without pausing it: Python frames only. A sample dumps every process
+at once, each under a subprocess timeout that ends by the sample's deadline (itself within the capture's), and
+waits on that one deadline: a process that has not answered by then is "did not answer", so a capture never runs
+past its deadline, whatever the number of processes.
 
 What goes wrong is one line per process (`DumpFailure`): py-spy missing, ptrace not permitted, not a Python
 process, process gone, no answer in time. The texts py-spy prints for each are matched below (py-spy 0.4).
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -32,8 +35,7 @@ from servelab.records import StackFrame, ThreadStack
 
 PY_SPY_INSTALL = "pip install py-spy"
 MAX_PROCESSES = 32  # an 8-rank engine is about a dozen processes; more are read as "not read: over the cap"
-MAX_PARALLEL = 16
-PER_PROCESS_TIMEOUT_S = 5.0  # a dump takes tens of milliseconds; longer means the process does not answer
+PER_PROCESS_TIMEOUT_S = 5.0  # a dump takes tens of milliseconds (a large torch rank longer); 5 s is no answer
 _PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
 
 
@@ -112,29 +114,42 @@ def capture(root_pid: int, *, samples: int, interval_s: float, deadline_s: float
                        unavailable=f"no process with pid {root_pid}: it has exited")
     result = Capture(tool=py_spy_version(binary), pids=pids, commands=commands, left_out=left_out,
                      dumps={pid: [] for pid in pids})
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(pids))) as pool:
+    end = started + deadline_s
+    # one thread per process (at most MAX_PROCESSES): a sample's dumps all start at once and all end by one
+    # deadline, however many processes there are and however many of them do not answer
+    pool = ThreadPoolExecutor(max_workers=len(pids), thread_name_prefix="py-spy")
+    try:
         for index in range(max(1, samples)):
             if index:
                 wait = started + index * interval_s - time.monotonic()
-                if time.monotonic() + max(wait, 0.0) + 0.2 > started + deadline_s:
+                if time.monotonic() + max(wait, 0.0) + 0.2 > end:
                     break  # no time for another sample: the ones taken stand
                 if wait > 0:
                     time.sleep(wait)
             todo = [pid for pid in pids if not (result.dumps[pid] and result.dumps[pid][-1].final)]
-            remaining = started + deadline_s - time.monotonic()
-            timeout = max(0.5, min(PER_PROCESS_TIMEOUT_S, remaining))
-            for dump in pool.map(lambda pid: dump_process(binary, pid, timeout), todo):
-                result.dumps[dump.pid].append(dump)
+            asked = time.monotonic()
+            sample_end = max(asked + 0.2, min(end, asked + PER_PROCESS_TIMEOUT_S))
+            futures = {pool.submit(dump_process, binary, pid, sample_end - asked): pid for pid in todo}
+            # the dumps end by their own timeouts; the grace covers starting py-spy on a loaded host
+            done, _ = wait_for(futures, timeout=max(0.0, sample_end - time.monotonic()) + 0.5)
+            for future, pid in futures.items():
+                if future in done:
+                    result.dumps[pid].append(future.result())
+                else:
+                    result.dumps[pid].append(Dump(pid, asked, error=_no_answer(sample_end - asked)))
             result.samples += 1
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a straggler's py-spy is killed at its own timeout
     return result
 
 
 def dump_process(binary: str, pid: int, timeout_s: float) -> Dump:
-    """One py-spy dump of one process, never raising: blocking with native frames, else non-blocking."""
+    """One py-spy dump of one process within `timeout_s`, never raising: blocking with native frames, else
+    non-blocking in the time left."""
     t = time.monotonic()
     dump = _run(binary, pid, ["--native"], timeout_s)
-    if dump.error is not None and dump.error.startswith(_CANNOT_PAUSE):
-        left = max(0.5, timeout_s - (time.monotonic() - t))
+    left = timeout_s - (time.monotonic() - t)
+    if dump.error is not None and dump.error.startswith(_CANNOT_PAUSE) and left > 0.1:
         fallback = _run(binary, pid, ["--nonblocking"], left)
         fallback.native = False
         if fallback.error is None:
@@ -150,6 +165,12 @@ def dump_process(binary: str, pid: int, timeout_s: float) -> Dump:
     return dump
 
 
+def _no_answer(timeout_s: float) -> str:
+    # neutral: a blocking dump with native frames of a torch rank with hundreds of threads can itself be slow
+    return (f"py-spy did not answer within {timeout_s:.1f} s (a process with many threads can take that long to "
+            "unwind; one stopped or in uninterruptible I/O never answers)")
+
+
 _CANNOT_PAUSE = "py-spy could not pause"
 
 
@@ -159,8 +180,7 @@ def _run(binary: str, pid: int, flags: list[str], timeout_s: float) -> Dump:
         done = subprocess.run([binary, "dump", "--json", *flags, "--pid", str(pid)], capture_output=True,
                               text=True, errors="replace", timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        return Dump(pid, t, error=f"py-spy did not answer within {timeout_s:.1f} s (the process may be stopped "
-                                  f"or in uninterruptible I/O)")
+        return Dump(pid, t, error=_no_answer(timeout_s))
     except OSError as exc:
         return Dump(pid, t, error=f"py-spy could not run: {exc.strerror or exc}", final=True)
     if done.returncode == 0:
