@@ -67,3 +67,28 @@ def test_ranks_that_disagree_with_nothing_moving_are_still_a_likely_deadlock():
              rank(3, "waiting", "waiting in recv", moving=False, unchanged_s=3.0)]
     state, summary = verdict(procs, RANKS)
     assert state == "deadlock" and "ranks disagree on the collective" in summary, summary
+
+
+def test_ranks_whose_tp_numbers_repeat_across_pipeline_stages_are_labelled_by_their_stage():
+    """vLLM's VLLM::Worker_PP0_TP1 and VLLM::Worker_PP1_TP1 are both TP rank 1: the summary names the stage."""
+    procs = [ProcessStacks(pid=10 + i, role=f"PP{pp} TP{tp} worker", kind="collective",
+                           activity="in all_reduce" if (pp, tp) == (1, 1) else "in broadcast",
+                           detail="torch.distributed", moving=False, unchanged_s=2.0, samples=3)
+             for i, (pp, tp) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)])]
+    ranks = {10: 0, 11: 1, 12: 0, 13: 1}
+    state, summary = verdict(procs, ranks)
+    assert state == "deadlock", summary
+    assert summary.startswith("PP0 ranks 0-1, PP1 rank 0 in broadcast (torch.distributed), PP1 rank 1 in "
+                              "all_reduce (torch.distributed): ranks disagree"), summary
+
+
+def test_a_role_read_from_the_command_line_is_inert():
+    from servelab.lifecycle.stacks.capture import Dump
+    from servelab.lifecycle.stacks.summarize import process_stacks
+    from servelab.records import StackFrame, ThreadStack
+
+    thread = ThreadStack(tid=1, name="MainThread", active=False,
+                         frames=[StackFrame(function="wait", module="threading.py", line=320)])
+    proc, _, _ = process_stacks(7, ["sglang::\x1b]0;owned\x07\x1b[2J"], [Dump(7, 0.0, threads=[thread])], ())
+    assert "\x1b" not in (proc.role or "") and "\x07" not in proc.line
+    assert proc.role.startswith("\\x1b]0;owned")

@@ -31,6 +31,7 @@ else at every process read:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from servelab.lifecycle.stacks.capture import Capture, Dump
@@ -82,8 +83,10 @@ def process_stacks(pid: int, command: list[str], dumps: list[Dump], engine_signa
     read = [d for d in dumps if d.threads is not None]
     last = read[-1].threads if read else []
     role = role_of(command, last or [])
-    proc = ProcessStacks(pid=pid, role=role.name, command=shown_command, samples=len(read))
-    who = f"{role.name} (pid {pid})" if role.name else f"pid {pid}"
+    # a role is read from the command line (sglang::NAME): text the process chose, made inert like its stacks
+    role_name = inert(role.name)[:80] if role.name else None
+    proc = ProcessStacks(pid=pid, role=role_name, command=shown_command, samples=len(read))
+    who = f"{role_name} (pid {pid})" if role_name else f"pid {pid}"
     if not read:
         error = next((d.error for d in reversed(dumps) if d.error), "no dump taken")
         proc.error = inert(error)
@@ -256,9 +259,21 @@ def _groups(procs: Sequence[ProcessStacks], ranks: dict[int, int]) -> str:
     return ", ".join(f"{_label(group, ranks)} {phrase}" for phrase, group in ordered)
 
 
+_RANK_GROUP = re.compile(r"((?:[A-Z]+\d+ )*?)TP\d+")
+
+
 def _label(procs: Sequence[ProcessStacks], ranks: dict[int, int]) -> str:
     numbers = sorted(ranks[p.pid] for p in procs if p.pid in ranks)
     if numbers and len(numbers) == len(procs):
+        if len(set(ranks.values())) < len(ranks):
+            # TP ranks repeat across pipeline stages or data-parallel replicas (PP0 TP1, PP1 TP1): each group
+            # by the prefix its title gives, "PP0 ranks 0-3, PP1 rank 1"
+            by_group: dict[str, list[int]] = {}
+            for p in procs:
+                match = _RANK_GROUP.match(p.role or "")
+                by_group.setdefault(match.group(1).strip() if match else "", []).append(ranks[p.pid])
+            return ", ".join(f"{group} ".lstrip() + ("rank " if len(n) == 1 else "ranks ") + _ranges(sorted(n))
+                             for group, n in sorted(by_group.items()))
         return ("rank " if len(numbers) == 1 else "ranks ") + _ranges(numbers)
     if len(procs) <= 3:
         return ", ".join(p.role or f"pid {p.pid}" for p in procs)
