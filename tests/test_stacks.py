@@ -154,6 +154,10 @@ def test_a_stopped_process_is_read_without_pausing_it_python_frames_only():
     (p,) = report.processes
     assert p.error is None and p.activity == "waiting for a lock (Condition.wait)"
     assert p.line.endswith("(Python frames only: the process could not be paused)")
+    # stopped, it waits for SIGCONT alone: the line and the verdict say so and how to resume it
+    assert p.line.startswith(f"pid {proc.pid}: stopped (SIGSTOP / Ctrl-Z): kill -CONT {proc.pid}; waiting for")
+    assert report.verdict == "stuck"
+    assert report.summary == f"pid {proc.pid} is stopped (SIGSTOP / Ctrl-Z): kill -CONT {proc.pid}"
     assert not any(f.native for t in p.threads for f in t.frames)
 
 

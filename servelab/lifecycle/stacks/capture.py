@@ -53,6 +53,7 @@ class Dump:
     cpu_s: float | None = None  # the process's CPU time (user + system) when dumped
     # the bytes it has read (read() and pread(), page cache included: /proc/PID/io rchar) when dumped; None: unread
     read_chars: int | None = None
+    stopped: bool = False  # py-spy could not pause it because it is stopped (SIGSTOP, Ctrl-Z)
 
 
 @dataclass
@@ -149,11 +150,16 @@ def dump_process(binary: str, pid: int, timeout_s: float) -> Dump:
     t = time.monotonic()
     dump = _run(binary, pid, ["--native"], timeout_s)
     left = timeout_s - (time.monotonic() - t)
-    if dump.error is not None and dump.error.startswith(_CANNOT_PAUSE) and left > 0.1:
-        fallback = _run(binary, pid, ["--nonblocking"], left)
-        fallback.native = False
-        if fallback.error is None:
-            dump = fallback
+    if dump.error is not None and dump.error.startswith(_CANNOT_PAUSE):
+        stopped = _is_stopped(pid)
+        if stopped:
+            dump.error = stopped_text(pid)
+        if left > 0.1:
+            fallback = _run(binary, pid, ["--nonblocking"], left)
+            fallback.native = False
+            if fallback.error is None:
+                dump = fallback
+        dump.stopped = stopped
     dump.t_s = t
     try:
         process = psutil.Process(pid)
@@ -163,6 +169,18 @@ def dump_process(binary: str, pid: int, timeout_s: float) -> Dump:
     except (psutil.Error, AttributeError, OSError):  # io_counters: not on every platform, or not permitted
         pass
     return dump
+
+
+def _is_stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
+
+
+def stopped_text(pid: int) -> str:
+    """A process stopped by a signal waits for nothing but SIGCONT: the one thing to say about it."""
+    return f"pid {pid} is stopped (SIGSTOP / Ctrl-Z): kill -CONT {pid}"
 
 
 def _no_answer(timeout_s: float) -> str:

@@ -26,7 +26,9 @@ else at every process read:
   ranks in a collective waiting for ranks whose stacks move (one still starting while the others sit in the
   rendezvous: "not hung");
 - idle: every rank idle in its request loop (a ready server waiting for requests);
-- stuck: the rest, with unchanged stacks (waiting, not idle); unknown: no stacks, or waits that move.
+- stuck: the rest, with unchanged stacks (waiting, not idle), or any process stopped by a signal (SIGSTOP,
+  Ctrl-Z: it waits for SIGCONT alone, and the summary says `kill -CONT PID`); unknown: no stacks, or waits that
+  move.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from servelab.lifecycle.stacks.capture import Capture, Dump
+from servelab.lifecycle.stacks.capture import Capture, Dump, stopped_text
 from servelab.lifecycle.stacks.classify import role_of, telling_thread
 from servelab.lifecycle.stacks.signatures import StackSignature
 from servelab.records import ProcessStacks, StackReport, ThreadStack
@@ -68,7 +70,15 @@ def summarize(capture: Capture, engine_signatures: Sequence[StackSignature] = ()
             ranks[pid] = rank
         if named:
             engine_named.add(pid)
-    report.verdict, report.summary = verdict(report.processes, ranks, engine_named)
+    stopped = [pid for pid in capture.pids if (capture.dumps.get(pid) or []) and capture.dumps[pid][-1].stopped]
+    if stopped:
+        # a stopped process waits for SIGCONT, not for a peer or a request: that is the verdict, whatever the
+        # others' stacks say (they may well wait on it)
+        report.verdict = "stuck"
+        report.summary = "; ".join(stopped_text(pid) for pid in stopped[:3]) + (
+            f" (and {len(stopped) - 3} more stopped)" if len(stopped) > 3 else "")
+    else:
+        report.verdict, report.summary = verdict(report.processes, ranks, engine_named)
     if capture.left_out:
         report.summary += f" ({capture.left_out} more processes not read: over {len(capture.pids)})"
     if raw:
@@ -117,6 +127,8 @@ def process_stacks(pid: int, command: list[str], dumps: list[Dump], engine_signa
         proc.detail = f"{proc.cpu_percent:.0f} % CPU; {inert(activity.activity)} in Python"
         phrase = f"{proc.activity} ({proc.detail})"
     proc.line = f"{who}: {inert(phrase)}{_motion(proc)}"
+    if read[-1].stopped:
+        proc.line = f"{who}: stopped (SIGSTOP / Ctrl-Z): kill -CONT {pid}; {inert(phrase)}{_motion(proc)}"
     if not read[-1].native:
         proc.line += " (Python frames only: the process could not be paused)"
     return proc, role.rank, activity.engine
