@@ -317,7 +317,9 @@ class _Device:
             return None, None
         window_ns = self.window[1] - self.window[0]
         limit = max(window_ns / 10, 2 * self.interval_s * NS_PER_S)
-        frozen = self.energy.seen and (self.energy.held_ns > limit or not self.energy.pairs)
+        # the counter stood still: for longer than the limit, or through every reading around the window
+        frozen = self.energy.seen and (self.energy.held_ns > limit or (not self.energy.pairs and
+                                                                       self.energy.held_ns > 0))
         if self.energy.pairs and not frozen:
             mj, extrapolated = self.energy.over_window()
             if self.energy.backwards:
