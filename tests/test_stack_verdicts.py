@@ -92,3 +92,54 @@ def test_a_role_read_from_the_command_line_is_inert():
     proc, _, _ = process_stacks(7, ["sglang::\x1b]0;owned\x07\x1b[2J"], [Dump(7, 0.0, threads=[thread])], ())
     assert "\x1b" not in (proc.role or "") and "\x07" not in proc.line
     assert proc.role.startswith("\\x1b]0;owned")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A process named from all its samples (summarize.py process_stacks)
+# --------------------------------------------------------------------------------------------------------------
+
+SCHEDULER = "sglang/srt/managers/scheduler.py"
+
+
+def scheduler_sample(t_s: float, *inner: str):
+    """One dump of an SGLang TP rank's main thread: `inner` frames (innermost first) under event_loop_overlap."""
+    from servelab.lifecycle.stacks.capture import Dump
+    from servelab.records import StackFrame, ThreadStack
+
+    frames = [StackFrame(function=f, module=SCHEDULER, line=100 + i) for i, f in enumerate(inner)]
+    frames.append(StackFrame(function="Scheduler.event_loop_overlap", module=SCHEDULER, line=900 + len(inner)))
+    return Dump(3, t_s, threads=[ThreadStack(tid=30, name="MainThread", active=True, frames=frames)])
+
+
+def scheduler(*samples):
+    from servelab.engines import get_engine
+    from servelab.lifecycle.stacks.summarize import process_stacks
+
+    proc, _, _ = process_stacks(3, ["sglang::scheduler_TP3"], list(samples), get_engine("sglang").stack_signatures)
+    return proc
+
+
+def test_a_scheduler_that_loops_without_sleeping_is_idle_whichever_sample_comes_last():
+    """sleep_on_idle=False: the loop is caught in recv_requests, then in the loop itself between two polls."""
+    proc = scheduler(scheduler_sample(0.0, "Scheduler.recv_requests"),
+                     scheduler_sample(0.5, "Scheduler.get_next_batch_to_run"),
+                     scheduler_sample(1.0))
+    assert proc.kind == "idle" and proc.activity == "idle in the request loop", proc.line
+    assert proc.moving is True  # it loops
+
+
+def test_a_scheduler_caught_running_a_batch_in_any_sample_is_busy():
+    proc = scheduler(scheduler_sample(0.0, "Scheduler.run_batch"), scheduler_sample(0.5, "Scheduler.recv_requests"),
+                     scheduler_sample(1.0, "Scheduler.recv_requests"))
+    assert proc.kind == "busy" and proc.activity == "running a batch", proc.line
+    proc = scheduler(scheduler_sample(0.0, "Scheduler.recv_requests"), scheduler_sample(0.5, "Scheduler.run_batch"))
+    assert proc.kind == "busy", proc.line
+
+
+def test_a_plain_sleeper_is_idle_sleeping_not_a_ready_server():
+    sleeper = ProcessStacks(pid=5, kind="idle", activity="sleeping", moving=False, unchanged_s=1.0, samples=3)
+    state, summary = verdict([sleeper], {})
+    assert (state, summary) == ("idle", "pid 5 sleeping: idle (sleeping)")
+    loop = ProcessStacks(pid=6, kind="idle", activity="idle in the event loop", detail="uvicorn", moving=False,
+                         samples=3)
+    assert verdict([loop], {})[1].endswith("idle (a ready server waiting for requests)")

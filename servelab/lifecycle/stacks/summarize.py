@@ -25,7 +25,8 @@ else at every process read:
 - busy: a rank running work (a batch, a compile, a CUDA-graph capture, tokenizing), collectives that move, or
   ranks in a collective waiting for ranks whose stacks move (one still starting while the others sit in the
   rendezvous: "not hung");
-- idle: every rank idle in its request loop (a ready server waiting for requests);
+- idle: every rank idle in its request loop (a ready server waiting for requests), or only sleeping ("idle
+  (sleeping)": nothing says it serves);
 - stuck: the rest, with unchanged stacks (waiting, not idle), or any process stopped by a signal (SIGSTOP,
   Ctrl-Z: it waits for SIGCONT alone, and the summary says `kill -CONT PID`); unknown: no stacks, or waits that
   move.
@@ -37,7 +38,7 @@ import re
 from collections.abc import Sequence
 
 from servelab.lifecycle.stacks.capture import Capture, Dump, stopped_text
-from servelab.lifecycle.stacks.classify import role_of, telling_thread
+from servelab.lifecycle.stacks.classify import ThreadActivity, role_of, telling_thread
 from servelab.lifecycle.stacks.signatures import StackSignature
 from servelab.records import ProcessStacks, StackReport, ThreadStack
 from servelab.redaction import redact_command, redact_text
@@ -103,7 +104,7 @@ def process_stacks(pid: int, command: list[str], dumps: list[Dump], engine_signa
         proc.line = f"{who}: no stacks: {proc.error}"
         return proc, role.rank, False
     stacks = [_stacks(d.threads or []) for d in read]  # before the names are made inert below
-    _, activity = telling_thread(last, engine_signatures)
+    activity = _across_samples([telling_thread(d.threads or [], engine_signatures) for d in read])
     for t in last:
         t.activity = inert(telling_thread([t], engine_signatures)[1].phrase)
     proc.threads = [_inert_thread(t) for t in last]
@@ -132,6 +133,33 @@ def process_stacks(pid: int, command: list[str], dumps: list[Dump], engine_signa
     if not read[-1].native:
         proc.line += " (Python frames only: the process could not be paused)"
     return proc, role.rank, activity.engine
+
+
+def _across_samples(telling: Sequence[tuple[ThreadStack | None, ThreadActivity]]) -> ThreadActivity:
+    """What the process does, from every sample rather than the last alone. A scheduler that loops without
+    sleeping (SGLang with sleep_on_idle=False) is caught in its request loop in one sample and in the loop around
+    it in the next: it is idle when a sample finds it idle and no sample finds it at work, work being a
+    collective, a load or a busy activity named by a frame that is not one of the idle sample's own frames (the
+    loop that calls the idle wait is no work; running a batch is). A process at work in any sample is named by
+    the latest such sample."""
+    last = telling[-1][1]
+    idle = [(t, a) for t, a in telling if a.kind == "idle"]
+    if not idle:
+        return last
+    idle_frames = {(f.function, f.module) for t, _ in idle if t is not None for f in t.frames}
+
+    def is_work(thread: ThreadStack | None, a: ThreadActivity) -> bool:
+        if a.kind not in ("collective", "loading", "busy"):
+            return False
+        if thread is None or a.frame_index is None or a.frame_index >= len(thread.frames):
+            return True
+        frame = thread.frames[a.frame_index]
+        return (frame.function, frame.module) not in idle_frames
+
+    work = [a for t, a in telling if is_work(t, a)]
+    if not work:
+        return idle[-1][1]
+    return last if is_work(*telling[-1]) else work[-1]
 
 
 def _stacks(threads: Sequence[ThreadStack]) -> dict[int, tuple]:
@@ -242,7 +270,10 @@ def verdict(processes: Sequence[ProcessStacks], ranks: dict[int, int], engine_na
         motion = ", stacks moving" if any(p.moving for p in busy) else ""
         return "busy", f"{described(principal)}{motion}: busy"
     if all(p.kind == "idle" for p in principal):
-        return "idle", f"{count(principal)} {_common_phrase(principal)}: idle (a ready server waiting for requests)"
+        # a process that only sleeps is idle, but nothing says it serves: "ready server" is for request loops
+        # and event loops
+        why = "sleeping" if all(p.activity == "sleeping" for p in principal) else "a ready server waiting for requests"
+        return "idle", f"{count(principal)} {_common_phrase(principal)}: idle ({why})"
     waiting = [p for p in principal if p.kind != "idle"]
     if all(p.moving is False for p in waiting):
         window = max(p.unchanged_s or 0.0 for p in waiting)
