@@ -162,7 +162,8 @@ def test_a_source_with_neither_counter_nor_power_leaves_energy_not_measured() ->
     assert s.measured and s.energy_j is None and s.j_per_output_token is None and s.power_w_mean is None
     assert "GPU 0: energy not measured: the source gives neither an energy counter nor power" in s.notes
     figs = gpu_level_figures(s)
-    assert figs["j_per_output_token"].note == "not measured: the source gives neither an energy counter nor power (GPU 0)"
+    assert figs["j_per_output_token"].note == ("not measured: the source gives neither an energy counter nor power "
+                                               "(GPU 0)")
     assert figs["gpu_sm_active_pct_mean"].value == 70.0
 
 

@@ -111,8 +111,9 @@ class BenchArgs:
         None, "Place the --workers as Ray actors on a Ray cluster: auto (the cluster `ray start` made here) or its "
               "address. Needs `pip install servelab[ray]`.")
     gpu_metrics: list[str] | None = option(
-        None, "What the GPUs did: a DCGM exporter's /metrics URL to read them from (one: the engine's host's), after NVML "
-              "where the engine runs on this host; dcgm-exporter's default local endpoint is tried too.", metavar="URL")
+        None, "What the GPUs did: a DCGM exporter's /metrics URL to read them from (one: the engine's host's), "
+              "after NVML where the engine runs on this host; dcgm-exporter's default local endpoint is tried too.",
+        metavar="URL")
     gpu: bool = option(True, "Sample the GPUs during every level (J/token, tokens/J, power, SM activity); --no-gpu "
                              "turns it off.")
     api_key: str | None = option(None, "Bearer token for the server. Never written anywhere.", "--api-key",

@@ -137,7 +137,8 @@ class DcgmSource:
             if expired.is_set():
                 self.last_error = f"{self.url} did not answer within {self.timeout_s:g} s"
             else:
-                self.last_error = f"{self.url} did not answer ({' '.join(str(exc).split())[:120] or type(exc).__name__})"
+                why = " ".join(str(exc).split())[:120] or type(exc).__name__
+                self.last_error = f"{self.url} did not answer ({why})"
             return None
         finally:
             timer.cancel()
