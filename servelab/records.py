@@ -280,7 +280,8 @@ class GpuReading(BaseModel):
     pcie_rx_bytes_s: float | None = None
     nvlink_tx_bytes_s: float | None = None
     nvlink_rx_bytes_s: float | None = None
-    processes: tuple[int, ...] = ()  # pids holding the device (NVML running compute + graphics processes)
+    processes: tuple[int, ...] = ()  # pids computing on the device (NVML running compute processes; a
+    # display server's graphics context is not a competitor for the engine's SMs)
 
 
 class GpuDeviceSummary(BaseModel):
