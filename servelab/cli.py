@@ -274,6 +274,10 @@ def run_cmd(
         help="Times a trial contended by other work on the machine may run again once it is quiet (default 2); "
              "0: contended trials are only left out, and a busy machine never stops the run "
              "(docs/metrics.md#contended-trials).")] = None,
+    cache_reset: Annotated[Optional[bool], typer.Option(
+        "--cache-reset/--no-cache-reset",
+        help="Empty the server's prefix cache before each trial where the engine has an endpoint for it (the "
+             "default; experiment setting cache_reset); each trial records whether it was reset.")] = None,
     junit: JunitOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -298,6 +302,8 @@ def run_cmd(
                                        "warmup": None if warmup is None else "auto" if warmup_n is None else warmup_n})
     if trials is not None:
         spec = spec.model_copy(update={"trials": trials})
+    if cache_reset is not None:
+        spec = spec.model_copy(update={"cache_reset": cache_reset})
     if reruns is not None:
         if not 0 <= reruns <= 20:
             raise UserError("--reruns must be between 0 and 20")

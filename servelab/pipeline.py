@@ -65,6 +65,7 @@ class CellPlan:
     # End a trial early when a level has been contended this many seconds (experiment/contention.py reruns it once
     # the machine is quiet); None: every trial runs to its end.
     stop_when_contended_s: float | None = None
+    cache_reset: bool = True  # empty the server's prefix cache before each trial (bench/cache_reset.py)
 
 
 def in_series(workload, trial: int, step: str):
@@ -160,6 +161,7 @@ class CellSession:
                       started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         self.summary.trials.append(trial)
         many = self.plan.trials > 1
+        trial.cache_reset = self._reset_cache()
         try:
             for step_no, (name, base) in enumerate(self.plan.steps):
                 opts = dataclasses.replace(base, model=base.model or self.served_model, trial=index,
@@ -201,6 +203,17 @@ class CellSession:
             trial.status = "failed"
             self.fail(exc)
             return None
+
+    def _reset_cache(self) -> str:
+        """The server's prefix cache emptied before a trial (or why not), in one line, printed and returned."""
+        from servelab.bench.cache_reset import reset_prefix_cache
+
+        line = (reset_prefix_cache(self.url, self.plan.spec.engine if self.plan.spec else None,
+                                   api_key=self.plan.steps[0][1].api_key if self.plan.steps else None).line
+                if self.plan.cache_reset and self.url else "not reset: turned off (cache_reset: false)")
+        self.console.print(Text(f"  cache  {line}", style="" if line.startswith("reset") else "yellow"),
+                           highlight=False)
+        return line
 
     def _bench(self, opts: BenchOptions, lines_as: str | None = None) -> BenchResult:
         """One bench step. With `lines_as` (a step's name: trials print a line per level, not tables), each

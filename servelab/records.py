@@ -628,6 +628,9 @@ class Trial(Steps, BaseModel):
     # past the planned trials, so records stay apart); None: its own index. Interleaved cells pair by round.
     round: int | None = None
     contention: list[str] = Field(default_factory=list)  # why it was stopped early (status contended)
+    # Whether the server's prefix cache was emptied before the trial, and how or why not, in one line ("reset: …"
+    # or "not reset: …", bench/cache_reset.py); None: a trial recorded before servelab reset caches.
+    cache_reset: str | None = None
     steps: list[Step] = Field(default_factory=list)
 
     @model_validator(mode="before")

@@ -56,6 +56,10 @@ ProbeState = Literal["down", "loading", "ready", "unknown"]
 # Whose way of separating a model's thinking from its answer the engine follows: the fix a verdict suggests
 # (engines/reasoning_families.py) is written per kind.
 ReasoningKind = Literal["sglang", "vllm", "llamacpp"]
+# How an engine empties its prefix cache on request (bench/cache_reset.py does the calls): SGLang `POST /flush_cache`,
+# vLLM `POST /reset_prefix_cache` (served only with VLLM_SERVER_DEV_MODE=1), llama.cpp's server an erase of each
+# slot (`POST /slots/{id}?action=erase` for every id of `GET /slots`; served only with --slot-save-path).
+CacheReset = Literal["sglang-flush", "vllm-reset", "llamacpp-slots"]
 
 
 @dataclass
@@ -133,6 +137,9 @@ class EngineAdapter:
     # What the engine's own threads look like when idle, loading, running a batch (read from its source, with the
     # version): lifecycle/stacks/ names each process of a running engine by them before the generic signatures.
     stack_signatures: ClassVar[tuple[StackSignature, ...]] = ()
+    # How the engine empties its prefix cache between trials, read from its source; None: no endpoint known (the
+    # trial then records that it was not reset, and why).
+    cache_reset: ClassVar[CacheReset | None] = None
 
     # ---- launching ----
     def launch(self, spec: EngineSpec, port: int) -> Launch:

@@ -71,6 +71,8 @@ class LlamaCppFamily(EngineAdapter):
     probe_path = "/health"
     tokenize_api = "llama.cpp"  # /tokenize, and /apply-template for the chat template
     reasoning_kind = "llamacpp"
+    # tools/server `POST /slots/{id}?action=erase`, each slot of `GET /slots`; 501 unless --slot-save-path is set
+    cache_reset = "llamacpp-slots"
     # `timings_per_token` makes every chunk carry `timings.predicted_n`, the server's running count of generated
     # tokens: exact per-event token counts without a client tokenizer.
     stream_extras = {"timings_per_token": True}

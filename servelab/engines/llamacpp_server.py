@@ -8,8 +8,10 @@ The flags mirror llama-server's long names so the command line reads like the re
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 
 
@@ -28,6 +30,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # llama-server's --no-cache-prompt: the default of a request's `cache_prompt` (tools/server: a slot reuses the
     # longest prefix it shares with its last prompt only when the request's cache_prompt is true, the default).
     p.add_argument("--no-cache-prompt", action="store_true", help="do not reuse cached prompt prefixes")
+    # llama-server's --slot-save-path: slot actions (an erase empties a slot's cached prompt; servelab erases every
+    # slot between trials) are served only with it. `auto`: a private directory made here, removed at exit; "":
+    # none, as llama-server's default (every slot action then answers 501).
+    p.add_argument("--slot-save-path", default="auto", help="directory for slot save/restore files (auto, or '')")
+    # llama-server's --cache-ram: MiB of host memory for prompts saved when their slot moved on (-1 no limit, 0 off).
+    # No endpoint clears it, so a slot erase leaves it as it was.
+    p.add_argument("--cache-ram", "-cram", type=int, default=None, help="host-memory prompt cache, MiB (0: off)")
     p.add_argument("--verbosity", "-lv", type=int, default=3)
     # Speculative decoding, with llama-server's flag names.
     p.add_argument("--spec-type", default="none", choices=sorted(SPEC_TYPES),
@@ -62,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     p.endpoint_metrics = not args.no_metrics
     p.cache_prompt = not args.no_cache_prompt
     p.verbosity = args.verbosity
+    if args.cache_ram is not None:
+        p.cache_ram_mib = args.cache_ram
     if args.alias:
         p.model_alias = {args.alias}
     if args.spec_type != "none":
@@ -91,14 +102,21 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     print(f"servelab launcher: xllamacpp server starting on http://{args.host}:{args.port}", file=sys.stderr,
           flush=True)
+    slot_dir = tempfile.mkdtemp(prefix="servelab-slots-") if args.slot_save_path == "auto" else None
+    if slot_dir or args.slot_save_path:
+        p.slot_save_path = (slot_dir or args.slot_save_path).rstrip("/") + "/"  # llama.cpp appends the separator
     try:
-        server = xlc.Server(p)  # loads the model and serves HTTP from native threads
-    except Exception as exc:  # the native side reports load errors as exceptions
-        print(f"servelab launcher: failed to start: {exc}", file=sys.stderr, flush=True)
-        return 1
-    stop.wait()
-    del server  # the destructor stops the HTTP server and frees the model
-    return 0
+        try:
+            server = xlc.Server(p)  # loads the model and serves HTTP from native threads
+        except Exception as exc:  # the native side reports load errors as exceptions
+            print(f"servelab launcher: failed to start: {exc}", file=sys.stderr, flush=True)
+            return 1
+        stop.wait()
+        del server  # the destructor stops the HTTP server and frees the model
+        return 0
+    finally:
+        if slot_dir:
+            shutil.rmtree(slot_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,14 @@ Once up, each also answers the requests a benchmark sends, in its engine's forma
   SGLang whose request requires a prompt and rejects messages);
 - `/v1/chat/completions` and `/v1/completions`, streamed or not, with `usage.prompt_tokens` counted by the same
   stand-in tokenizer, so an exact-length workload can be checked against the replay's own usage.
+The engines' cache and profiler controls, as their handlers answer (bench/cache_reset.py calls them):
+- SGLang `/flush_cache` (GET or POST): 200 "Cache flushed. …" as text; `/start_profile` (an optional
+  ProfileReqInput body: `output_dir`, default $SGLANG_TORCH_PROFILER_DIR or /tmp) 200 "Start profiling.", and
+  `/stop_profile` 200 "Stop profiling. …", which writes `{output_dir}/{profile_id}-TP-{rank}.trace.json.gz` (a
+  stand-in trace here); either out of turn is the scheduler's refusal raised as a RuntimeError: a plain 500.
+- vLLM `POST /reset_prefix_cache`: 200 with an empty body, mounted only when VLLM_SERVER_DEV_MODE=1 (else 404
+  {"detail": "Not Found"}); `POST /start_profile` / `/stop_profile`: 200, empty, mounted only when
+  VLLM_TORCH_PROFILER_DIR is set (traces go there). Each reset and profile call is kept in `controls`.
 The stand-in tokenizer is one token per whitespace-separated word; the chat template writes each message as
 `<|im_start|> ROLE CONTENT <|im_end|>` (three tokens and the content's) and the generation prompt as
 `<|im_start|> assistant` (two); a bare prompt gets a BOS where special tokens are added (vLLM's completions and
@@ -33,7 +41,9 @@ SGLang sent back. Run with `--reasoning-parser`, the engine separates the two as
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
 import threading
 import time
 import zlib
@@ -100,6 +110,62 @@ class ReplayState:
     requests: list[dict[str, Any]] = field(default_factory=list)  # generation requests seen: path and body
     # hang-in-decode: called when a stream stops after its first events; it never returns (replay.py)
     hang_stream: Any = None
+    # vLLM's development endpoints and profiler are mounted by environment, read once at start-up as vLLM reads it
+    dev_mode: bool = field(default_factory=lambda: os.environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"))
+    profiler_dir: str | None = field(default_factory=lambda: os.environ.get("VLLM_TORCH_PROFILER_DIR") or None)
+    controls: list[str] = field(default_factory=list)  # cache resets and profiler calls seen, e.g. "POST /flush_cache"
+    profiling: dict[str, Any] | None = None  # the profile in progress: its output_dir and profile_id
+
+    def control(self, method: str, path: str, raw: bytes) -> tuple[int, bytes, str | None] | None:
+        """The engine's answer to a cache or profiler control (status, body, content type; None: the real handler
+        sets none), or None when `path` is not one."""
+        path = path.split("?", 1)[0]
+        text = "text/plain; charset=utf-8"
+        if self.engine == "sglang" and path in ("/flush_cache", "/start_profile", "/stop_profile"):
+            self.controls.append(f"{method} {path}")
+            if path == "/flush_cache":  # http_server.py flush_cache: Response(content=..., no media type)
+                return 200, (b"Cache flushed.\nPlease check backend logs for more details. (When there are running "
+                             b"or waiting requests, the operation will not be performed.)\n"), None
+            if path == "/start_profile":
+                try:
+                    obj = json.loads(raw) if raw.strip() else {}
+                except ValueError:
+                    obj = None
+                if not isinstance(obj, dict):
+                    return 400, json.dumps({"object": "error", "message": "the body is not a ProfileReqInput",
+                                            "type": "Bad Request", "param": None, "code": 400}).encode(), \
+                        "application/json"
+                if self.profiling is not None:  # "Profiling is already in progress. Call /stop_profile first."
+                    return 500, b"Internal Server Error", text
+                out = obj.get("output_dir") or os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
+                self.profiling = {"output_dir": str(out), "profile_id": f"{time.time()}"}
+                return 200, b"Start profiling.\n", None
+            if self.profiling is None:  # "Profiling is not in progress. Call /start_profile first."
+                return 500, b"Internal Server Error", text
+            done, self.profiling = self.profiling, None
+            self._write_trace(done["output_dir"], f"{done['profile_id']}-TP-0.trace.json.gz")
+            return 200, b"Stop profiling. This will take some time.\n", None
+        if self.engine == "vllm" and path == "/reset_prefix_cache" and method == "POST" and self.dev_mode:
+            self.controls.append(f"{method} {path}")
+            return 200, b"", None
+        if self.engine == "vllm" and path in ("/start_profile", "/stop_profile") and method == "POST" \
+                and self.profiler_dir:
+            self.controls.append(f"{method} {path}")
+            if path == "/stop_profile" and self.profiling is not None:
+                self._write_trace(self.profiler_dir, f"replay-rank-0.{int(time.time() * 1000)}.pt.trace.json.gz")
+            self.profiling = {"output_dir": self.profiler_dir} if path == "/start_profile" else None
+            return 200, b"", None
+        return None
+
+    @staticmethod
+    def _write_trace(directory: str, name: str) -> None:
+        """A stand-in Chrome trace where the engine would write its own (the directory made as SGLang makes it)."""
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with gzip.open(os.path.join(directory, name), "wt") as fh:
+                json.dump({"traceEvents": []}, fh)
+        except OSError:
+            pass  # the engine logs a failed export; the replay has nothing to add
 
     def routes(self, path: str) -> tuple[int, Any]:
         path = path.split("?", 1)[0]
@@ -323,11 +389,19 @@ def _handler(state: ReplayState) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            control = state.control("GET", self.path, b"")
+            if control is not None:
+                self.answer(*control)
+                return
             status, body = state.routes(self.path)
             self.answer(status, json.dumps(body).encode(), "application/json")
 
         def do_POST(self) -> None:  # noqa: N802
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            control = state.control("POST", self.path, raw)
+            if control is not None:
+                self.answer(*control)
+                return
             try:
                 body = json.loads(raw)
             except ValueError:
@@ -343,9 +417,10 @@ def _handler(state: ReplayState) -> type[BaseHTTPRequestHandler]:
                 return
             self.answer(status, data, content_type)
 
-        def answer(self, status: int, data: bytes, content_type: str, upto: int | None = None) -> None:
+        def answer(self, status: int, data: bytes, content_type: str | None, upto: int | None = None) -> None:
             self.send_response(status)
-            self.send_header("Content-Type", content_type)
+            if content_type is not None:
+                self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data if upto is None else data[:upto])

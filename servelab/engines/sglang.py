@@ -101,6 +101,8 @@ class SGLang(EngineAdapter):
     name = "sglang"
     tokenize_api = "sglang"
     reasoning_kind = "sglang"
+    # http_server.py `/flush_cache` (GET or POST): 200 "Cache flushed.", 400 while requests run or wait
+    cache_reset = "sglang-flush"
     title = "SGLang"
     install_hint = INSTALL
     phases = SGLANG_PHASES

@@ -79,6 +79,8 @@ class VLLM(EngineAdapter):
     name = "vllm"
     tokenize_api = "vllm"
     reasoning_kind = "vllm"
+    # entrypoints/serve/cache/api_router.py `POST /reset_prefix_cache`: mounted only with VLLM_SERVER_DEV_MODE=1
+    cache_reset = "vllm-reset"
     title = "vLLM"
     install_hint = INSTALL
     phases = VLLM_PHASES

@@ -398,6 +398,9 @@ class Experiment(Strict):
     # trials; needs room for all of them at once). one-at-a-time: a cell's server runs only during its own
     # trials, so interleaving reloads it for every trial (or choose order: blocked). URL cells are always up.
     servers: Literal["one-at-a-time", "all-up"] = "one-at-a-time"
+    # Empty the server's prefix cache before each trial where the engine has an endpoint for it (bench/cache_reset.py),
+    # so one trial's prompts (and the shared system prompt) are not cached for the next; each trial records it.
+    cache_reset: bool = True
     # The reference every cell is compared to: a cell's name or a key of `baselines`. Default: the first cell.
     baseline: str | None = None
     # Literal figures from elsewhere (no records, so no confidence interval), e.g. {vllm: {single.decode_tok_s: 82.5}}
@@ -435,6 +438,8 @@ class Experiment(Strict):
                "verify": self.verify_for(cell).model_dump(), "ready_timeout_s": self.ready_timeout_s}
         if self.trials > 1:  # one trial keeps the keys of files written before trials existed
             doc["trials"] = self.trials
+        if not self.cache_reset:  # on, the default, keeps the keys of files written before it existed
+            doc["cache_reset"] = False
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 

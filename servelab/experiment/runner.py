@@ -366,7 +366,8 @@ def _plan(experiment: Experiment, cell: Cell, run_id: str, run_dir: Path) -> Cel
                     # reruns off: nothing would run a stopped trial again, so every trial runs to its end
                     stop_when_contended_s=experiment.contention.stop_after_s if experiment.contention.reruns else None,
                     verify=VerifyPlan(enabled=verify.enabled, only=verify.only, skip=list(verify.skip),
-                                      check_timeout_s=verify.check_timeout_s), trials=experiment.trials)
+                                      check_timeout_s=verify.check_timeout_s), trials=experiment.trials,
+                    cache_reset=experiment.cache_reset)
 
 
 def _load(store: Store | StoreWrites, run_id: str, out_root: Path | None = None
