@@ -46,12 +46,13 @@ def test_a_stall_verdict_ends_with_what_the_stacks_showed(tmp_path):
     message = info.value.message
     assert "its processes:\n  TP0 scheduler (pid " in message and "loading weights" in message
     assert "more processes (in the verdict's evidence)" in message
-    # The stacks were read off the watch loop: the statuses kept coming while py-spy sampled (a second apart at
-    # most, the UPDATE_EVERY_S cadence with room for a loaded host), and the stall was called within its budget.
+    # The stacks were read off the watch loop: the statuses kept coming while py-spy sampled (three samples a
+    # second apart, over 2 s: a watch blocked by them would go silent that long; the UPDATE_EVERY_S cadence is a
+    # second, with room for a loaded 2-core host), and the stall was called within its budget. How long the stop
+    # then waits depends on whether the half-budget capture was still running, so it is not asserted.
     stalled_at = next(u.elapsed_s for u in updates if u.verdict and u.verdict.state == "stalled")
-    after = [u.elapsed_s for u in updates if u.elapsed_s >= stalled_at]
-    assert after[-1] - stalled_at > 1.0, "the stop did not wait for the stacks"
-    assert max(b - a for a, b in zip(after, after[1:])) < 1.5
+    during = [u.elapsed_s for u in updates if u.elapsed_s >= stalled_at - 3.0]
+    assert max(b - a for a, b in zip(during, during[1:])) < 2.0
     assert STALL_BUDGET_S <= verdict.evidence["quiet_s"] < STALL_BUDGET_S + 3
 
 
