@@ -6,11 +6,13 @@ record it."""
 from __future__ import annotations
 
 import io
+import shutil
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -254,3 +256,89 @@ def test_each_trial_of_an_experiment_records_and_prints_its_reset(tmp_path: Path
     off = run_experiment(parse_experiment(_two_trials(embedded_server["url"], "cache_reset: false\n"), "exp.yaml"),
                          ExperimentOptions(out_root=tmp_path / "off"), Console(file=io.StringIO(), width=200))
     assert [t.cache_reset for t in off.runs[0].trials] == ["not reset: turned off (cache_reset: false)"] * 2
+
+
+# ---- the engine's profiler around one level (bench --profile-level) ----
+
+def _sweep(profile_level: str):
+    from servelab.bench.options import BenchArgs, build_options
+
+    opts = build_options(BenchArgs(mode="sweep", max_tokens=2, warmup=0, duration=0.2, min_requests=3,
+                                   max_concurrency=2, profile_level=profile_level))
+    opts.sweep_levels = [1, 2]
+    return opts
+
+
+def test_sglang_profiles_exactly_the_level_named_and_keeps_its_trace_directory() -> None:
+    from servelab.bench.runner import bench
+
+    records: list = []
+    with replay("sglang") as (url, st):
+        seen: list[tuple[str, int]] = []
+        real = st.control
+
+        def spy(method: str, path: str, raw: bytes):  # when each profiler call came, in generation requests so far
+            if path.endswith("_profile"):
+                seen.append((path, len(st.requests)))
+            return real(method, path, raw)
+
+        st.control = spy  # type: ignore[method-assign]
+        result = bench(url, _sweep("c2"), on_record=records.append)
+        total = len(st.requests)
+    c1, c2 = result.levels
+    assert "profile" not in c1.load
+    profile = c2.load["profile"]
+    assert profile["started"] and profile["trace_dir"].startswith(tempfile.gettempdir())
+    assert len(profile["said"]) == 2 and profile["said"][0].startswith("profiling c2: POST /start_profile")
+    in_c2 = sum(1 for r in records if r.tag == "c2")
+    # started after every request before c2 was sent, stopped after c2's last: around that level only
+    assert seen == [("/start_profile", total - in_c2), ("/stop_profile", total)]
+    traces = list(Path(profile["trace_dir"]).iterdir())
+    assert [t.name.endswith("-TP-0.trace.json.gz") for t in traces] == [True]
+    shutil.rmtree(profile["trace_dir"])
+
+
+def test_vllm_without_its_profiler_directory_says_why_and_the_bench_goes_on() -> None:
+    from servelab.bench.runner import bench
+
+    with replay("vllm", profiler_dir=None) as (url, st):
+        result = bench(url, _sweep("c1"))
+    assert [lv.ok > 0 for lv in result.levels] == [True, True]
+    assert result.levels[0].load["profile"] == {
+        "trace_dir": None, "started": False,
+        "said": ["not profiled: vLLM answered 404 to POST /start_profile: it serves it only when started with "
+                 "VLLM_TORCH_PROFILER_DIR"]}
+    assert st.controls == []
+
+
+def test_vllms_trace_directory_is_read_from_the_engines_environment(tmp_path: Path) -> None:
+    from servelab.bench.profiler import start_profile, stop_profile
+
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                              env={**os.environ, "VLLM_TORCH_PROFILER_DIR": str(tmp_path / "traces")})
+    try:
+        with replay("vllm", profiler_dir=str(tmp_path / "traces")) as (url, st):
+            profile = stop_profile(start_profile(url, "vllm", "c4", engine_pids=[engine.pid]))
+            unknown = stop_profile(start_profile(url, "vllm", "c4"))  # a server servelab did not launch
+    finally:
+        engine.kill()
+        engine.wait()
+    assert profile.record() == {"trace_dir": str(tmp_path / "traces"), "started": True, "said": [
+        f"profiling c4: POST /start_profile, traces in {tmp_path / 'traces'}",
+        f"POST /stop_profile: the engine writes the traces now to {tmp_path / 'traces'}"]}
+    assert unknown.trace_dir is None and "the engine's VLLM_TORCH_PROFILER_DIR" in unknown.lines[0]
+    assert st.controls == ["POST /start_profile", "POST /stop_profile"] * 2
+
+
+@pytest.mark.engine
+def test_an_engine_without_a_profiler_endpoint_is_benched_and_says_so(embedded_server) -> None:
+    from servelab.bench.options import BenchArgs, build_options
+    from servelab.bench.runner import bench
+
+    result = bench(embedded_server["url"], build_options(BenchArgs(mode="single", requests=2, max_tokens=2,
+                                                                   warmup=0, profile_level="single")))
+    (level,) = result.levels
+    assert level.ok == 2
+    assert level.load["profile"] == {"trace_dir": None, "started": False,
+                                     "said": ["not profiled: no profiler endpoint known for llama.cpp server "
+                                              "(xllamacpp)"]}

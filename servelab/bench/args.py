@@ -116,6 +116,10 @@ class BenchArgs:
         metavar="URL")
     gpu: bool = option(True, "Sample the GPUs during every level (J/token, tokens/J, power, SM activity); --no-gpu "
                              "turns it off.")
+    profile_level: str | None = option(
+        None, "Run the engine's torch profiler (SGLang, vLLM: POST /start_profile, /stop_profile) around the level "
+              "with this tag (single, c8, r4, ...); the trace directory is kept in that level's load.",
+        metavar="TAG")
     api_key: str | None = option(None, "Bearer token for the server. Never written anywhere.", "--api-key",
                                  envvar="SERVELAB_API_KEY", show_default=False)
 

@@ -50,20 +50,29 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
-def _call(method: str, url: str, headers: dict[str, str]) -> tuple[int, str]:
-    """(status, body text) of one call; HTTP errors are answers too. Anything else raises (caught by the caller)."""
-    data = b"{}" if method == "POST" else None
+def control_call(method: str, url: str, headers: dict[str, str], body: bytes = b"{}") -> tuple[int, str]:
+    """(status, body text) of one call (a POST sends `body` as JSON); HTTP errors are answers too. Anything else
+    raises (caught by the caller)."""
+    data = body if method == "POST" else None
     request = urllib.request.Request(url, data=data, method=method,
                                      headers={**headers, **({"Content-Type": "application/json"} if data else {})})
     try:
         with _OPENER.open(request, timeout=DEADLINE_S) as response:
             return response.status, response.read(65536).decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
-        body = exc.read(65536).decode("utf-8", "replace") if exc.fp is not None else ""
-        return exc.code, body
+        return exc.code, exc.read(65536).decode("utf-8", "replace") if exc.fp is not None else ""
 
 
-def _message(body: str) -> str:
+def server_address(base_url: str, api_key: str | None) -> tuple[str, dict[str, str]]:
+    """The URL without its credentials, and the header that carries them (the key as a bearer token, else the
+    URL's user and password)."""
+    from yarl import URL
+
+    auth = f"Bearer {api_key}" if api_key else basic_auth(base_url)
+    return str(URL(base_url.rstrip("/")).with_user(None)), ({"Authorization": auth} if auth else {})
+
+
+def answer_message(body: str) -> str:
     """An error answer's message (llama.cpp and OpenAI-style {"error": {"message"}}, FastAPI {"detail"}), else the
     body's first line, short."""
     try:
@@ -80,18 +89,18 @@ def _message(body: str) -> str:
 
 
 def _sglang(base: str, headers: dict[str, str]) -> CacheReset:
-    status, body = _call("POST", base + "/flush_cache", headers)
+    status, body = control_call("POST", base + "/flush_cache", headers)
     if status == 200:
         return CacheReset(True, "reset: SGLang radix cache flushed (POST /flush_cache)")
     if status == 400:
         return CacheReset(False, "not reset: SGLang refused POST /flush_cache (400): it flushes only when no "
                                  "request is running or waiting")
     return CacheReset(False, f"not reset: SGLang answered {status} to POST /flush_cache"
-                             + (f": {_message(body)}" if _message(body) else ""))
+                             + (f": {answer_message(body)}" if answer_message(body) else ""))
 
 
 def _vllm(base: str, headers: dict[str, str]) -> CacheReset:
-    status, body = _call("POST", base + "/reset_prefix_cache", headers)
+    status, body = control_call("POST", base + "/reset_prefix_cache", headers)
     if status == 200:
         return CacheReset(True, "reset: vLLM prefix cache reset (POST /reset_prefix_cache)")
     if status == 404:
@@ -101,7 +110,7 @@ def _vllm(base: str, headers: dict[str, str]) -> CacheReset:
         return CacheReset(False, "not reset: vLLM answered 409 to POST /reset_prefix_cache: running requests "
                                  "prevented it")
     return CacheReset(False, f"not reset: vLLM answered {status} to POST /reset_prefix_cache"
-                             + (f": {_message(body)}" if _message(body) else ""))
+                             + (f": {answer_message(body)}" if answer_message(body) else ""))
 
 
 def _slot_ids(body: str) -> list[int] | None:
@@ -118,9 +127,9 @@ def _slot_ids(body: str) -> list[int] | None:
 
 
 def _llamacpp(base: str, headers: dict[str, str]) -> CacheReset:
-    status, body = _call("GET", base + "/slots", headers)
+    status, body = control_call("GET", base + "/slots", headers)
     if status != 200:
-        why = _message(body)
+        why = answer_message(body)
         return CacheReset(False, f"not reset: llama.cpp answered {status} to GET /slots"
                                  + (f": {why}" if why else "") + (" (started with --no-slots?)" if status == 501
                                                                   else ""))
@@ -131,12 +140,12 @@ def _llamacpp(base: str, headers: dict[str, str]) -> CacheReset:
         return CacheReset(False, "not reset: llama.cpp's GET /slots listed no slot")
     erased = 0
     for slot in ids:
-        status, body = _call("POST", f"{base}/slots/{slot}?action=erase", headers)
+        status, body = control_call("POST", f"{base}/slots/{slot}?action=erase", headers)
         if status == 501:
             return CacheReset(False, "not reset: llama.cpp answered 501 to a slot erase: slot actions need the "
                                      "server started with --slot-save-path DIR")
         if status != 200:
-            why = _message(body)
+            why = answer_message(body)
             return CacheReset(False, f"not reset: llama.cpp answered {status} to POST /slots/{slot}?action=erase"
                                      + (f": {why}" if why else ""))
         try:
@@ -173,10 +182,7 @@ def reset_prefix_cache(base_url: str, engine: str | None = None, api_key: str | 
 
     shown = redact_url(base_url) or base_url
     try:
-        from yarl import URL
-
-        auth = f"Bearer {api_key}" if api_key else basic_auth(base_url)
-        base = str(URL(base_url.rstrip("/")).with_user(None))  # the credentials travel in the header only
+        base, headers = server_address(base_url, api_key)  # the credentials travel in the header only
         if engine == "command":  # any server behind a command line: recognised by its answers, as a URL is
             engine = None
         adapter = REGISTRY[engine]() if engine in REGISTRY else _detect(base, api_key) if engine is None else None
@@ -186,7 +192,7 @@ def reset_prefix_cache(base_url: str, engine: str | None = None, api_key: str | 
                                      f"reset endpoint is known")
         if adapter.cache_reset is None:
             return CacheReset(False, f"not reset: no endpoint known to reset {adapter.title}'s prefix cache")
-        return _BY_KIND[adapter.cache_reset](base, {"Authorization": auth} if auth else {})
+        return _BY_KIND[adapter.cache_reset](base, headers)
     except TimeoutError:
         return CacheReset(False, f"not reset: {shown} did not answer within {DEADLINE_S:g} s")
     except urllib.error.URLError as exc:

@@ -26,6 +26,7 @@ from servelab.bench.gpu_run import attach_gpu
 from servelab.bench.level_spec import LevelSpec
 from servelab.bench.limits import DescriptorShortage, check_descriptors
 from servelab.bench.metrics import as_tally, goodput_figures, summarize
+from servelab.bench.profiler import LevelProfile, start_profile, stop_profile
 from servelab.bench.selftest import ceiling_warning
 from servelab.bench.slo import level_verdict
 from servelab.bench.state import BenchStopped, RunState
@@ -45,14 +46,33 @@ async def run_level(state: RunState, spec: LevelSpec, load: Load) -> Summary:
     """Run one level: begin, `load()` (the mode's generator: the level's records and window), finish."""
     if spec.streams is not None:
         ensure_streams(*spec.streams)
-    await begin(state, spec)
-    records, window = await load()
-    summary = await finish(state, spec, records, window)
+    profile = await start_level_profile(state, spec.tag)
+    try:
+        await begin(state, spec)
+        records, window = await load()
+        summary = await finish(state, spec, records, window)
+    finally:  # stopped however the level ends: an engine is never left profiling
+        if profile is not None:
+            await asyncio.to_thread(stop_profile, profile)
+    if profile is not None:
+        summary.load = {**summary.load, "profile": profile.record()}
     state.level_done(summary)
     if spec.stall is not None and spec.stall.stalled:
         raise BenchStopped(f"{spec.tag}: {spec.stall.reason(spec.stall.not_sent)}")
     stop_if_broken(summary)
     return summary
+
+
+async def start_level_profile(state: RunState, tag: str) -> LevelProfile | None:
+    """The engine's profiler started before the level `--profile-level` names (None for every other level)."""
+    if state.options.profile_level != tag:
+        return None
+    from servelab.engines import REGISTRY
+
+    adapter = REGISTRY[state.engine]() if state.engine in REGISTRY else None
+    return await asyncio.to_thread(start_profile, state.url, adapter.profiler if adapter else None, tag,
+                                   state.options.api_key, state.options.engine_pids,
+                                   adapter.title if adapter else "this server (its engine was not recognised)")
 
 
 def ensure_streams(streams: int, what: str) -> None:

@@ -85,7 +85,7 @@ def build_options(a: BenchArgs) -> BenchOptions:
                         plan=plan, tokenizer=a.tokenizer, steady=rule,
                         max_error_rate=a.max_error_rate, deadlines=build_deadlines(a),
                         workers=parse_workers(a.workers), ray=check_ray(a.ray, a.workers),
-                        gpu=a.gpu, gpu_metrics=check_gpu_metrics(a.gpu_metrics))
+                        gpu=a.gpu, gpu_metrics=check_gpu_metrics(a.gpu_metrics), profile_level=a.profile_level)
     # The mode's own refusals here too, not only when the bench starts: an experiment checks its steps' options
     # through this function before any cell launches an engine.
     get_mode(a.mode).validate(options)

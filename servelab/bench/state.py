@@ -81,6 +81,8 @@ class BenchOptions:
     gpu_series: Path | None = None
     # The engine's lint findings when servelab launched it: GPU hints name the setting that explains them.
     engine_findings: list[Any] = field(default_factory=list)
+    # The tag of the level to run the engine's profiler around (bench/profiler.py); None: no profile.
+    profile_level: str | None = None
 
 
 class BenchStopped(Exception):

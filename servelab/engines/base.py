@@ -60,6 +60,9 @@ ReasoningKind = Literal["sglang", "vllm", "llamacpp"]
 # vLLM `POST /reset_prefix_cache` (served only with VLLM_SERVER_DEV_MODE=1), llama.cpp's server an erase of each
 # slot (`POST /slots/{id}?action=erase` for every id of `GET /slots`; served only with --slot-save-path).
 CacheReset = Literal["sglang-flush", "vllm-reset", "llamacpp-slots"]
+# Whose profiler endpoints the engine serves (bench/profiler.py): SGLang `/start_profile` (output_dir in the body) and
+# `/stop_profile`; vLLM the same paths, mounted only with VLLM_TORCH_PROFILER_DIR (its traces go there).
+ProfilerKind = Literal["sglang", "vllm"]
 
 
 @dataclass
@@ -140,6 +143,8 @@ class EngineAdapter:
     # How the engine empties its prefix cache between trials, read from its source; None: no endpoint known (the
     # trial then records that it was not reset, and why).
     cache_reset: ClassVar[CacheReset | None] = None
+    # Whose torch-profiler endpoints the engine serves (`bench --profile-level`); None: none known.
+    profiler: ClassVar[ProfilerKind | None] = None
 
     # ---- launching ----
     def launch(self, spec: EngineSpec, port: int) -> Launch:

@@ -103,6 +103,7 @@ class SGLang(EngineAdapter):
     reasoning_kind = "sglang"
     # http_server.py `/flush_cache` (GET or POST): 200 "Cache flushed.", 400 while requests run or wait
     cache_reset = "sglang-flush"
+    profiler = "sglang"  # /start_profile (ProfileReqInput: output_dir, ...), /stop_profile
     title = "SGLang"
     install_hint = INSTALL
     phases = SGLANG_PHASES

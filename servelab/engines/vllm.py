@@ -81,6 +81,7 @@ class VLLM(EngineAdapter):
     reasoning_kind = "vllm"
     # entrypoints/serve/cache/api_router.py `POST /reset_prefix_cache`: mounted only with VLLM_SERVER_DEV_MODE=1
     cache_reset = "vllm-reset"
+    profiler = "vllm"  # entrypoints/serve/profile/api_router.py, with VLLM_TORCH_PROFILER_DIR only
     title = "vLLM"
     install_hint = INSTALL
     phases = VLLM_PHASES
