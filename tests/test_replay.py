@@ -312,6 +312,13 @@ def test_deadlock_at_init_leaves_rank_3_in_all_reduce_and_the_others_in_broadcas
         assert d["stack_report"]["verdict"] == "deadlock", d["stack_report"]["summary"]
         assert "rank 3 in all_reduce" in d["stack_report"]["summary"]
         assert "ranks disagree on the collective" in d["stack_report"]["summary"]
+        # Within its stall budget the counters still say starting or loading; the stacks say it will not move
+        # again: the reason says so and doctor exits 1, as for a stall.
+        assert d["verdict"]["state"] in ("loading", "stalled"), d["verdict"]
+        if d["verdict"]["state"] == "loading":
+            assert "; but the stacks: ranks 0-2,4-7 in broadcast" in d["verdict"]["reason"], d["verdict"]["reason"]
+            assert d["verdict"]["evidence"]["stacks_verdict"] == "deadlock"
+            assert doctor.returncode == 1, doctor.stderr
         assert "Load weight begin" not in (tmp_path / "log").read_text()
     finally:
         proc.terminate()

@@ -181,6 +181,10 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
                     log_lines_for_lint(Path(log)) if log else [])
     report = stack_reader.result() if stack_reader is not None else None
     name_the_stacks(verdict, report, probe_path=adapter.probe_path)
+    if report is not None and report.samples and (verdict.evidence.get("thread_states") or {}).get("t"):
+        # py-spy pauses a process while it reads its stacks (ptrace): a sample taken meanwhile finds its threads in
+        # the tracing stop, which says nothing about the engine
+        notes.append("threads in state t were paused by py-spy reading their stacks, not by the engine")
     gpus, gpus_note, engine_gpus = _gpus(live_pid)
     return Diagnosis(engine=adapter.name if not isinstance(adapter, _Generic) else None, pid=pid or live_pid,
                      log_path=str(log) if log else None, url=url, verdict=verdict, phases=tracker.phases,
@@ -248,18 +252,24 @@ def name_the_stacks(verdict: Verdict, report: StackReport | None, probe_path: st
     if report is None or verdict.state not in ("stalled", "loading") or not said:
         return
     verdict.evidence["stacks"] = said
+    verdict.evidence["stacks_verdict"] = report.verdict
     if verdict.state == "stalled" and report.unavailable is None:
         verdict.reason = f"{verdict.reason.rstrip('.')}; the stacks: {said}"
+    elif report.unavailable is None and report.verdict == "deadlock":
+        # Within its budget the counters cannot call it stalled yet; ranks that disagree on a collective will not
+        # move again, so the reason says so now rather than when the budget runs out.
+        verdict.reason = f"{verdict.reason.rstrip('.')}; but the stacks: {said}"
 
 
 def looks_hung(d: Diagnosis) -> bool:
     """Whether doctor exits 1: a server that is not serving, or one that answers its health check while its
-    stacks look deadlocked. The state stays what the probe said ("ready": it does answer), so scripts that read
+    stacks look deadlocked (or one still loading by its counters whose ranks disagree on a collective). The state
+    stays what the probe and the counters said ("ready": it does answer), so scripts that read
     the state see no new value; the exit code and the reason carry the warning. A ready server whose stacks look
     merely stuck exits 0: a wait the signatures cannot name is no proof that requests hang."""
     if d.verdict.state in ("stalled", "crashed", "not running", "no such process"):
         return True
-    return d.verdict.state == "ready" and d.verdict.evidence.get("stacks_verdict") == "deadlock"
+    return d.verdict.state in ("ready", "loading") and d.verdict.evidence.get("stacks_verdict") == "deadlock"
 
 
 # --------------------------------------------------------------------------------------------------------------
