@@ -230,6 +230,41 @@ def test_the_api_key_and_no_proxy_go_with_every_call(monkeypatch) -> None:
     assert ("/flush_cache", "Bearer k3y") in seen and ("/flush_cache", None) in seen
 
 
+@pytest.mark.parametrize("busy_answers, done", [(2, True), (5, False)])
+def test_a_busy_sglang_is_asked_again_before_the_trial_says_not_reset(monkeypatch, busy_answers: int,
+                                                                       done: bool) -> None:
+    """SGLang answers 400 (same text) while requests run or wait: a level's cancelled streams can still be leaving."""
+    import servelab.bench.cache_reset as cache_reset
+
+    monkeypatch.setattr(cache_reset, "BUSY_WAIT_S", 0.05)
+    text = (b"Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+            b"requests, the operation will not be performed.)\n")
+    calls: list[str] = []
+
+    class BusySGLang(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            calls.append(self.path)
+            self.send_response(400 if len(calls) <= busy_answers else 200)
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BusySGLang)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = reset_prefix_cache(f"http://127.0.0.1:{server.server_address[1]}", "sglang")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.done is done and len(calls) == min(busy_answers + 1, cache_reset.BUSY_TRIES)
+    if not done:
+        assert result.line == ("not reset: SGLang refused POST /flush_cache (400) 3 times, 0.05 s apart: it flushes "
+                               "only when no request is running or waiting")
+
+
 # ---- an experiment's trials ----
 
 def _two_trials(url: str, *extra: str) -> str:

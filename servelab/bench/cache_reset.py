@@ -5,7 +5,8 @@ server's prefix cache still holds the shared system prompt and whatever else the
 trial order could leak cache state into TTFT. Before every trial the pipeline calls `reset_prefix_cache`.
 
 How each engine does it (engines/base.py `CacheReset`, read from the engines' source):
-- SGLang: `POST /flush_cache` answers 200 "Cache flushed." or, while requests run or wait, 400 and does nothing.
+- SGLang: `POST /flush_cache` answers 200 "Cache flushed." or, while requests run or wait, 400 and does nothing
+  (asked again twice, a second apart: a level's cancelled requests may take a moment to leave).
 - vLLM: `POST /reset_prefix_cache` answers 200 with an empty body (newer builds 409 when running requests prevent
   it); FastAPI mounts it only with VLLM_SERVER_DEV_MODE=1, so without that it is a plain 404.
 - llama.cpp's server: `GET /slots` lists the slots; `POST /slots/{id}?action=erase` empties one and answers
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -33,6 +35,9 @@ from servelab.redaction import redact_url
 
 DEADLINE_S = 5.0  # per call: an idle server answers these in milliseconds
 MAX_SLOTS = 1024  # a /slots answer longer than this is not believed
+# SGLang (400) and newer vLLM (409) refuse while requests run: asked again this many times in all, this far apart
+BUSY_TRIES = 3
+BUSY_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -88,27 +93,38 @@ def answer_message(body: str) -> str:
     return first[:200]
 
 
+def _while_busy(method: str, url: str, headers: dict[str, str], busy: int) -> tuple[int, str, int]:
+    """One call, asked again (BUSY_TRIES in all, BUSY_WAIT_S apart) while the server answers `busy`: the requests
+    a level cancelled at its end may take a moment to leave the engine. (status, body, tries)."""
+    for tries in range(1, BUSY_TRIES + 1):
+        status, body = control_call(method, url, headers)
+        if status != busy or tries == BUSY_TRIES:
+            return status, body, tries
+        time.sleep(BUSY_WAIT_S)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def _sglang(base: str, headers: dict[str, str]) -> CacheReset:
-    status, body = control_call("POST", base + "/flush_cache", headers)
+    status, body, tries = _while_busy("POST", base + "/flush_cache", headers, busy=400)
     if status == 200:
         return CacheReset(True, "reset: SGLang radix cache flushed (POST /flush_cache)")
     if status == 400:
-        return CacheReset(False, "not reset: SGLang refused POST /flush_cache (400): it flushes only when no "
-                                 "request is running or waiting")
+        return CacheReset(False, f"not reset: SGLang refused POST /flush_cache (400) {tries} times, "
+                                 f"{BUSY_WAIT_S:g} s apart: it flushes only when no request is running or waiting")
     return CacheReset(False, f"not reset: SGLang answered {status} to POST /flush_cache"
                              + (f": {answer_message(body)}" if answer_message(body) else ""))
 
 
 def _vllm(base: str, headers: dict[str, str]) -> CacheReset:
-    status, body = control_call("POST", base + "/reset_prefix_cache", headers)
+    status, body, tries = _while_busy("POST", base + "/reset_prefix_cache", headers, busy=409)
     if status == 200:
         return CacheReset(True, "reset: vLLM prefix cache reset (POST /reset_prefix_cache)")
     if status == 404:
         return CacheReset(False, "not reset: vLLM answered 404 to POST /reset_prefix_cache: it serves it only "
                                  "when started with VLLM_SERVER_DEV_MODE=1")
     if status == 409:
-        return CacheReset(False, "not reset: vLLM answered 409 to POST /reset_prefix_cache: running requests "
-                                 "prevented it")
+        return CacheReset(False, f"not reset: vLLM answered 409 to POST /reset_prefix_cache {tries} times, "
+                                 f"{BUSY_WAIT_S:g} s apart: running requests prevented it")
     return CacheReset(False, f"not reset: vLLM answered {status} to POST /reset_prefix_cache"
                              + (f": {answer_message(body)}" if answer_message(body) else ""))
 
