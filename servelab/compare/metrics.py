@@ -354,7 +354,7 @@ def _bin_energies(run: RunData, level: Summary, start: int, n_bins: int, bin_s: 
     the level's window, each bin's energy by the pair rule as the level's own); None without a series."""
     from servelab.bench.gpu_figures import summarize_gpu
     from servelab.host.gpu_telemetry.sampler import iter_readings
-    from servelab.store.export import series_of
+    from servelab.store.export_layout import series_of
 
     gpu = level.gpu
     files = series_of(run.run_dir)

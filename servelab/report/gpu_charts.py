@@ -15,7 +15,7 @@ from typing import Any
 
 from servelab.compare.run_data import RunData
 from servelab.records import GpuReading
-from servelab.store.export import iter_series, series_of
+from servelab.store.export_layout import iter_series, series_of
 
 MAX_SERIES_POINTS = 600  # per GPU and chart: about one per pixel of a report's chart width
 LEVEL_LINE = "rgba(0, 0, 0, 0.35)"

@@ -29,7 +29,7 @@ from typing import Any
 from servelab.bench.figures import GPU_FIGURES, LEVEL_FIGURES
 from servelab.errors import UserError
 from servelab.records import EnvironmentSummary, GpuDeviceSummary, GpuReading, RequestRecord, Summary
-from servelab.store import export as csv_layout
+from servelab.store import export_layout as csv_layout
 from servelab.store.files import ensure_output_dir, output_file
 from servelab.textsafe import visible
 
