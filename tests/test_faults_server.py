@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 
 from faulty_server import (FaultyServer, basic_auth_required, huge_header_line, many_headers, never_answers,
                            sse_answer)
+from peak_rss import run_measured
 from servelab.bench.client import ClientOptions, Deadlines, RequestSpec, StreamClient
 from servelab.store.rundir import read_records
 
@@ -41,28 +41,21 @@ def send(url: str, deadlines: Deadlines | None = None):
 
 def run_bench(url: str, out: Path, *more: str, timeout: float = 120, model: str = "m"
               ) -> tuple[subprocess.CompletedProcess, float, float]:
-    """`servelab bench` in a subprocess: its result, wall time and peak RSS in MB. The peak is this child's own
-    (os.wait4), not getrusage(RUSAGE_CHILDREN)'s, which is the largest of every child the test session reaped so
-    far: an engine an earlier test started would count."""
+    """`servelab bench` in a subprocess: its result, wall time and peak RSS in MB. The peak is the bench's own
+    (tests/peak_rss.py): neither the largest of every child the session reaped (getrusage(RUSAGE_CHILDREN)) nor
+    the test process's own image, which a child's wait4 counts from before its exec."""
     argv = [*SERVELAB, "bench", url, "--model", model, "--tokenizer", "none", "--warmup", "0", "--out", str(out),
             *more]
-    t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
-        proc = subprocess.Popen(argv, stdout=out_file, stderr=err_file, text=True)
-        killer = threading.Timer(timeout, proc.kill)
-        killer.start()
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            killer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.monotonic() - t0
+            code, wall, peak_mb = run_measured(argv, timeout, out_file, err_file)
+        except AssertionError as exc:
+            err_file.seek(0)
+            raise AssertionError(f"{exc}: {err_file.read()[-2000:]}") from None
         out_file.seek(0)
         err_file.seek(0)
         out_text, err_text = out_file.read(), err_file.read()
-    if wall >= timeout:
-        raise AssertionError(f"bench ran past {timeout} s: {err_text[-2000:]}")
-    return subprocess.CompletedProcess(argv, proc.returncode, out_text, err_text), wall, usage.ru_maxrss / 1024
+    return subprocess.CompletedProcess(argv, code, out_text, err_text), wall, peak_mb
 
 
 def records(out: Path) -> list:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,6 +17,7 @@ from typing import Any
 import pytest
 
 from faulty_server import FaultyServer, huge_header_line, many_headers, never_answers
+from peak_rss import run_measured
 from servelab.verify import verify
 
 SERVELAB = [sys.executable, "-m", "servelab.cli"]
@@ -78,32 +77,24 @@ def raw_answer(data: bytes):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# `servelab verify` in a subprocess, its own peak RSS (wait4)
+# `servelab verify` in a subprocess, its own peak RSS (tests/peak_rss.py)
 # ---------------------------------------------------------------------------------------------------------------
 
 def run_verify(url: str, *more: str, timeout: float = 240) -> tuple[int, dict[str, Any], float, float, str]:
-    """(exit code, the --json result, wall seconds, peak RSS in MB, stderr)."""
+    """(exit code, the --json result, wall seconds, peak RSS in MB, stderr): the peak is verify's own
+    (tests/peak_rss.py), never the test process's."""
     argv = [*SERVELAB, "verify", url, "--model", "m", "--json", *more]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.monotonic()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err)
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() - t0 > timeout:
-                proc.kill()
-                os.wait4(proc.pid, 0)
-                err.seek(0)
-                raise AssertionError(f"verify ran past {timeout} s: {err.read()[-2000:]!r}")
-            time.sleep(0.05)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.monotonic() - t0
+        try:
+            code, wall, peak_mb = run_measured(argv, timeout, out, err)
+        except AssertionError as exc:
+            err.seek(0)
+            raise AssertionError(f"{exc}: {err.read()[-2000:]!r}") from None
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read().decode(), err.read().decode(errors="replace")
     result = json.loads(stdout) if stdout.strip().startswith("{") else {}
-    return proc.returncode, result, wall, usage.ru_maxrss / 1024, stderr
+    return code, result, wall, peak_mb, stderr
 
 
 def reasons(result: dict[str, Any]) -> dict[str, str]:
