@@ -185,24 +185,21 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
         # py-spy pauses a process while it reads its stacks (ptrace): a sample taken meanwhile finds its threads in
         # the tracing stop, which says nothing about the engine
         notes.append("threads in state t were paused by py-spy reading their stacks, not by the engine")
-    gpus, gpus_note, engine_gpus = _gpus(live_pid)
+    gpus, gpus_note, engine_gpus = _gpus(live_pid, sampler)
     return Diagnosis(engine=adapter.name if not isinstance(adapter, _Generic) else None, pid=pid or live_pid,
                      log_path=str(log) if log else None, url=url, verdict=verdict, phases=tracker.phases,
                      samples=sampler.samples, lint=lint, stacks=report.raw if report is not None else None,
                      stack_report=report, gpus=gpus, gpus_note=gpus_note, engine_gpus=engine_gpus, notes=notes)
 
 
-def _gpus(live_pid: int | None) -> tuple[list, str | None, list[int]]:
-    """This host's GPUs as the verdict is given, and which the server's processes hold: read only when its process
-    is here (a URL alone may be another host's server, whose GPUs these are not)."""
+def _gpus(live_pid: int | None, sampler: EvidenceSampler) -> tuple[list, str | None, list[int]]:
+    """This host's GPUs as the verdict is given, and which the server's processes (the tree the evidence watched)
+    hold: read only when its process is here (a URL alone may be another host's server, whose GPUs these are
+    not)."""
     if live_pid is None:
         return [], "not read: the server's process is not on this host (give --pid to read its GPUs)", []
     readings, note = gpu_snapshot()
-    try:
-        root = psutil.Process(live_pid)
-        tree = {live_pid, *(c.pid for c in root.children(recursive=True))}
-    except psutil.Error:
-        tree = {live_pid}
+    tree = {live_pid, *(p.pid for p in sampler.tree())}
     return readings, note, [r.gpu for r in readings if held_by(r, tree)]
 
 

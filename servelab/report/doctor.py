@@ -81,7 +81,7 @@ def render_diagnosis(console: Console, d: Diagnosis) -> None:
 def gpu_line(r: GpuReading) -> str:
     """One GPU in a line of at most ~70 characters: memory used, SM activity, power, temperature (what the
     source gave)."""
-    parts = [f"GPU {r.gpu}" + (f" {inert(r.name)}" if r.name else "")]
+    who = f"GPU {r.gpu}" + (f" {inert(r.name)}" if r.name else "")
     facts = []
     if r.mem_used_bytes is not None:
         facts.append(human_bytes(r.mem_used_bytes) + (f" of {human_bytes(r.mem_total_bytes)}"
@@ -92,7 +92,7 @@ def gpu_line(r: GpuReading) -> str:
         facts.append(f"{r.power_w:.0f} W")
     if r.temp_c is not None:
         facts.append(f"{r.temp_c:.0f} °C")
-    return parts[0] + (": " + ", ".join(facts) if facts else "")
+    return who + (": " + ", ".join(facts) if facts else "")
 
 
 def render_gpus(console: Console, d: Diagnosis) -> None:
