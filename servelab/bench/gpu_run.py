@@ -19,9 +19,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from servelab.bench.gpu_figures import gpu_level_figures, not_measured, summarize_gpu
+from servelab.bench.gpu_figures import gpu_level_figures, not_measured, reading_span, summarize_gpu
 from servelab.records import GpuSummary, Summary
+
+if TYPE_CHECKING:
+    from servelab.host.gpu_telemetry.sampler import GpuSampler
 
 GPU_INTERVAL_S = 0.25  # 4 Hz: a 10 s level holds 40 readings per GPU
 TURNED_OFF = "turned off (--no-gpu)"
@@ -31,7 +35,7 @@ TURNED_OFF = "turned off (--no-gpu)"
 class GpuRun:
     """One bench's GPU telemetry: a running sampler, or why there is none."""
 
-    sampler: object | None = None  # host/gpu_telemetry/sampler.GpuSampler
+    sampler: GpuSampler | None = None
     why_none: str = "no GPU telemetry source"
     engine_pids: frozenset[int] = frozenset()
     series: Path | None = None
@@ -78,7 +82,7 @@ class GpuRun:
 
     @property
     def source_name(self) -> str | None:
-        return getattr(self.sampler, "source_name", None)
+        return self.sampler.source_name if self.sampler is not None else None
 
     def add_engine_pids(self, pids: list[int] | set[int]) -> None:
         self.engine_pids = self.engine_pids | frozenset(pids)
@@ -111,7 +115,7 @@ class GpuRun:
         deadline = time.monotonic() + 3 * sampler.interval_s + 1.0
 
         def taken_after() -> bool:
-            last = getattr(sampler, "last_t_ns", None)
+            last = sampler.last_t_ns
             return last is not None and last > end
 
         while not taken_after() and sampler.ticks < ticks + 2 and time.monotonic() < deadline \
@@ -126,24 +130,23 @@ class GpuRun:
         reading: past it there is nothing to measure, and the tokens of the level came before."""
         if self.sampler is None or self.series is None:
             return not_measured(self.why_none)
-        last = getattr(self.sampler, "last_t_ns", None)
+        last = self.sampler.last_t_ns
         if self._stopped and last is not None and window[0] < last < window[1]:
             window = (window[0], last)
         from servelab.host.gpu_telemetry.sampler import iter_readings
 
-        write_error = getattr(self.sampler, "write_error", None)
+        write_error = self.sampler.write_error
         if write_error:
             return not_measured(f"the GPU series could not be written ({_one_line(write_error)})")
         interval = self.sampler.interval_s
-        margin = int(2 * interval * 1e9)  # the readings just before and just after the window
         try:
-            readings = iter_readings(self.series, window[0] - margin, window[1] + margin)
+            readings = iter_readings(self.series, *reading_span(window, interval))  # the readings either side too
             found = summarize_gpu(readings, window=window, output_tokens=output_tokens,
                                   answer_tokens=answer_tokens, source=self.source_name or "?",
                                   interval_s=interval, engine_pids=self.engine_tree())
         except Exception as exc:  # a torn series file, a bug: the level keeps its other figures
             return not_measured(f"the GPU series could not be read ({_one_line(exc)})")
-        source_error = getattr(self.sampler, "source_error", None)
+        source_error = self.sampler.source_error
         if not found.measured and source_error:
             found.reason = f"{found.reason}; the source's last failure: {_one_line(source_error)}"
         return found
@@ -173,10 +176,9 @@ class GpuRun:
         """What the bench's GPU figures came from, for its workload description."""
         if self.sampler is None:
             return {"source": None, "why_none": self.why_none}
-        failures = getattr(self.sampler, "failures", None)
         return {"source": self.source_name, "interval_s": self.sampler.interval_s,
                 "series": self.series.name if self.series is not None and self._temp_dir is None else None,
-                **(failures() if failures is not None else {})}
+                **self.sampler.failures()}
 
 
 def _one_line(text: object) -> str:
