@@ -33,8 +33,17 @@ setup_chromium() {
     || echo "could not install chromium: the report's browser test will be skipped" >&2
 }
 
+# The remote-host tests start a real sshd on 127.0.0.1 (Debian's openssh-server), installed the same way; without it
+# those tests are skipped and say why.
+setup_sshd() {
+  if [ -x /usr/sbin/sshd ] || [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then return; fi
+  echo "installing openssh-server for the remote-host tests (first run only)…" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server; } >/dev/null 2>&1 \
+    || echo "could not install openssh-server: the remote-host (ssh) tests will be skipped" >&2
+}
+
 case "${1:-}" in
   run)  shift; setup; exec "$VENV/bin/servelab" run "$@" ;;
-  test) shift; setup; setup_chromium; exec "$VENV/bin/python" -m pytest "$@" ;;
+  test) shift; setup; setup_chromium; setup_sshd; exec "$VENV/bin/python" -m pytest "$@" ;;
   *)    echo "usage: ./dev.sh run [options] | ./dev.sh test [pytest options]" >&2; exit 2 ;;
 esac

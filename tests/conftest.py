@@ -17,7 +17,8 @@ import pytest
 from servelab.models import resolve_model
 
 # Every test, and every servelab process a test starts, may reach only 127.0.0.0/8 and ::1 (tests/loopback_guard.py).
-pytest_plugins = ["loopback_guard"]
+# ssh_host: the fixtures of a real sshd on 127.0.0.1 for the remote-host tests (tests/ssh_host.py).
+pytest_plugins = ["loopback_guard", "ssh_host"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
