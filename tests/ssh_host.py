@@ -23,6 +23,11 @@ As root, sshd insists on its privilege-separation directory /run/sshd (which sys
 lacks): it is created, empty and 0755, as the Debian unit does. As another user sshd needs no such directory and can
 log in only that user, which is the one the client config names.
 
+Faults: `kill_sessions()` SIGKILLs the per-connection sshd processes (the connection drops at once: ssh exits 255,
+"Connection to 127.0.0.1 closed by remote host."), `pause_sessions()` SIGSTOPs them (the link is silent but open,
+as when a host dies: only the client's ServerAlive probes notice), `resume_sessions()` continues them; the listener
+keeps accepting throughout. `session_processes()` lists what the sessions started, still running.
+
 Pytest fixtures (registered in conftest.py): `ssh_host`, `ssh_host_changed_key`, `ssh_host_unknown_key`, each a
 fresh server for one test, skipped with the reason when openssh-server is not installed.
 """
@@ -111,15 +116,29 @@ class SshHost:
     def kill_sessions(self) -> list[int]:
         """SIGKILL every per-connection sshd, keeping the listener: the clients see their connection drop (ssh exits
         255) and the commands they ran lose their stdin and stdout as when a link dies. Returns the pids killed."""
-        killed = []
-        for proc in self._session_sshds():
+        sessions = self._session_sshds()
+        killed = self._signal_sessions(signal.SIGKILL, sessions)
+        psutil.wait_procs([p for p in sessions if p.pid in killed], timeout=5)
+        return killed
+
+    def pause_sessions(self) -> list[int]:
+        """SIGSTOP every per-connection sshd: the TCP connections stay open but nothing answers, as when the link
+        or the host dies without a FIN. The client notices only by its keep-alives (ServerAliveInterval *
+        ServerAliveCountMax). Returns the pids stopped; `resume_sessions` continues them."""
+        return self._signal_sessions(signal.SIGSTOP)
+
+    def resume_sessions(self) -> list[int]:
+        return self._signal_sessions(signal.SIGCONT)
+
+    def _signal_sessions(self, signum: int, sessions: list[psutil.Process] | None = None) -> list[int]:
+        sent = []
+        for proc in self._session_sshds() if sessions is None else sessions:
             try:
-                proc.send_signal(signal.SIGKILL)
-                killed.append(proc.pid)
+                proc.send_signal(signum)
+                sent.append(proc.pid)
             except psutil.NoSuchProcess:
                 pass
-        psutil.wait_procs([psutil.Process(pid) for pid in killed if psutil.pid_exists(pid)], timeout=5)
-        return killed
+        return sent
 
     def session_processes(self) -> list[psutil.Process]:
         """Every live process started through this server (it carries the server's tag in its environment), sshd's

@@ -101,6 +101,25 @@ def test_kill_sessions_drops_a_live_connection_and_the_listener_keeps_accepting(
     _wait_for(lambda: not ssh_host.session_processes(), timeout=5)
 
 
+def test_paused_sessions_are_noticed_only_by_the_clients_keep_alives(ssh_host):
+    alive = ("-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=1")
+    client = subprocess.Popen(ssh_host.ssh_command("sleep 30", options=alive), env=ssh_host.env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: [p for p in ssh_host.session_processes() if p.name() == "sleep"])
+        started = time.monotonic()
+        assert ssh_host.pause_sessions()
+        assert client.wait(timeout=10) == 255
+        # A probe after one silent interval, and after the next the client gives up: about two seconds.
+        assert 0.9 < time.monotonic() - started < 5
+        assert client.stderr.read().strip() == "Timeout, server 127.0.0.1 not responding."
+    finally:
+        client.kill()
+        client.wait()
+        ssh_host.resume_sessions()
+    assert ssh_host.run("echo again").stdout == "again\n"
+
+
 def test_a_control_master_through_the_config_is_dropped_with_the_sessions(ssh_host):
     control = ("-o", "ControlMaster=auto", "-o", f"ControlPath={ssh_host.control_dir}/%C", "-o", "ControlPersist=30")
     assert ssh_host.run("true", options=control).returncode == 0
