@@ -9,9 +9,10 @@ are left to the caller. `SshHost.env` names that config in SERVELAB_SSH_CONFIG, 
 into `ssh -F <path>`.
 
 The session's environment is sshd's own fixed one plus `SetEnv` (OpenSSH >= 8.7): PATH starts with the running
-interpreter's bin directory, so `servelab` is found on the far side, HOME is a directory of the host's own (no
-dotfiles of the real user's run, and what the far side writes under ~ stays in the test's directory), SERVELAB_LOOPBACK_ONLY is passed on when set
-(the remote servelab guards its traffic as the local one does), and a tag names this host so that every process
+interpreter's bin directory, so `servelab` is found on the far side; HOME is a directory of the host's own (no
+dotfiles of the real user's run, and what the far side writes under ~ stays in the test's directory; the working
+directory is still the user's home from passwd, which sshd enters); SERVELAB_LOOPBACK_ONLY is passed on when set
+(the remote servelab guards its traffic as the local one does); and a tag names this host so that every process
 started through it can be found again (`session_processes`), even after its session is gone. Nothing is accepted
 from the client's environment (no AcceptEnv).
 
