@@ -26,6 +26,9 @@ from servelab.report.progress import PIPE_PROGRESS_S, LevelProgress
 from servelab.store.rundir import RunDir
 
 
+RUN_FILE = "run.json"
+
+
 @dataclass(frozen=True)
 class BenchOutput:
     """Where a bench is kept. `out` None: nowhere (the result is only returned or printed)."""
@@ -123,7 +126,7 @@ class BenchSession:
         files when asked, and the store."""
         from servelab.store.db import Store, store_write_failure
         from servelab.store.export import export_csv, series_of
-        from servelab.store.runs import save_bench
+        from servelab.store.runs import bench_run_summary, save_run
 
         broken = error_gate(result.levels, options.max_error_rate)
         kept = BenchRun(result=result, error_gate=broken)
@@ -139,11 +142,15 @@ class BenchSession:
             except UserError as exc:  # store/files.py: the path and the errno
                 not_written.append(exc.message)
         stored_in = self.output.store_path
+        # run.json: the run as the store keeps it, provenance included, so a run directory copied to another
+        # machine (`bench --on`) is stored there as it was here
+        run = bench_run_summary(result, rundir.run_id,
+                                status="interrupted" if result.interrupted else "failed" if broken else "complete",
+                                error="; ".join(broken) if broken else None)
+        rundir.write_json(RUN_FILE, run)
         try:
             with Store.open(stored_in) as db:  # listed by `servelab runs`, read by show, compare, report, export
-                save_bench(db, result, rundir.iter_records(), rundir.path, rundir.run_id,
-                           status="interrupted" if result.interrupted else "failed" if broken else "complete",
-                           error="; ".join(broken) if broken else None)
+                save_run(db, run, rundir.iter_records(), rundir.path)
         except (UserError, sqlite3.Error, OSError) as exc:
             not_written.append(store_write_failure(stored_in, exc))
             stored_in = None

@@ -38,6 +38,24 @@ ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Model id
 ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="SERVELAB_API_KEY", show_default=False,
                                                   help="Bearer token for the server. Never written anywhere.")]
 
+# --on: the same command, run by servelab on another host over SSH (servelab/remote/).
+OnOpt = Annotated[Optional[str], typer.Option(
+    "--on", help="Run it on another host: ssh://[user@]host[:port] (your ~/.ssh/config, agent and known_hosts "
+                 "apply). servelab must be installed there.", metavar="SSH_URL")]
+RemotePythonOpt = Annotated[Optional[str], typer.Option(
+    "--remote-python", help="With --on: an interpreter on that host that has servelab (default: `servelab` on "
+                            "its PATH).", metavar="PATH")]
+RemoteDirOpt = Annotated[Optional[str], typer.Option(
+    "--remote-dir", help="With --on: where job directories go on that host (default ~/.servelab/remote).")]
+
+
+def _remote_options(remote_python: str | None, remote_dir: str | None, on_disconnect: str = "stop",
+                    grace_s: float = 60.0):
+    from servelab.remote.controller import RemoteOptions
+
+    return RemoteOptions(remote_python=remote_python, remote_dir=remote_dir, on_disconnect=on_disconnect,
+                         grace_s=grace_s, columns=console.width if console.is_terminal else None)
+
 
 # `up`'s engine argument lists the registered engines, from the adapters' titles (engines.describe_engines). The
 # registry imports every adapter, which no other command's start or help should wait for: the list is filled in
@@ -118,12 +136,33 @@ def up(
     stacks: Annotated[bool, typer.Option("--stacks/--no-stacks", help="Read the engine's stacks (py-spy) when a "
                                          "phase has been silent for half its budget and at a stall, and name what "
                                          "they show in the verdict.")] = True,
+    on: OnOpt = None,
+    remote_python: RemotePythonOpt = None,
+    remote_dir: RemoteDirOpt = None,
+    on_disconnect: Annotated[str, typer.Option(
+        help="With --on: when the connection is lost for longer than --disconnect-grace, stop the engine there "
+             "(the default: nothing is left holding the GPUs) or keep it serving (`servelab attach` follows it "
+             "again).")] = "stop",
+    disconnect_grace: Annotated[float, typer.Option(
+        help="With --on: seconds the far side waits for a lost controller to come back.")] = 60.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Start an engine, show its start-up phases live, and keep it serving until Ctrl-C.
 
     Arguments after `--` go to the engine's own command line, e.g.
     `servelab up llamacpp -- --spec-type draft-simple --draft-model smollm2`."""
+    if on is not None:
+        from servelab.remote.commands import forwarded_argv, remote_up
+
+        if on_disconnect not in ("stop", "keep"):
+            raise UserError(f"unknown --on-disconnect '{on_disconnect}'", hint="use stop or keep")
+        if disconnect_grace <= 0:
+            raise UserError("--disconnect-grace must be positive")
+        from servelab.report.live import launch_view
+
+        raise typer.Exit(remote_up(on, forwarded_argv(sys.argv[1:], "up"),
+                                   _remote_options(remote_python, remote_dir, on_disconnect, disconnect_grace),
+                                   _out_console(as_json), err_console, launch_view(_out_console(as_json))))
     from servelab.engines import EngineSpec
     from servelab.lifecycle.launch import start_engine
     from servelab.report.live import launch_view
@@ -179,14 +218,29 @@ def verify_cmd(
     concurrency: Annotated[int, typer.Option(help="Simultaneous requests in the concurrency checks.")] = 4,
     api_key: ApiKeyOpt = None,
     junit: JunitOpt = None,
+    on: OnOpt = None,
+    remote_python: RemotePythonOpt = None,
+    remote_dir: RemoteDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Functional and OpenAI-compatibility checks against a running server."""
+    """Functional and OpenAI-compatibility checks against a running server (with --on: from that host)."""
+    from servelab.records import VerifyResult
     from servelab.report.terminal import render_checks
     from servelab.verify.runner import verify
 
-    result = verify(url, model=model, only=only, skip=skip, check_timeout_s=timeout, api_key=api_key,
-                    concurrency=concurrency)
+    if on is not None:
+        from servelab.remote.commands import forwarded_argv, remote_json
+
+        argv = [a for a in forwarded_argv(sys.argv[1:], "verify", ("--on", "--remote-python", "--remote-dir",
+                                                                     "--junit", "--api-key"))]
+        code, doc = remote_json(on, argv, _remote_options(remote_python, remote_dir), console, err_console,
+                                env_secrets={"SERVELAB_API_KEY": api_key} if api_key else None)
+        if doc is None:
+            raise typer.Exit(code or 1)
+        result = VerifyResult.model_validate(doc)
+    else:
+        result = verify(url, model=model, only=only, skip=skip, check_timeout_s=timeout, api_key=api_key,
+                        concurrency=concurrency)
     if as_json:
         print(result.model_dump_json(indent=2))
     else:
@@ -217,6 +271,12 @@ def bench_cmd(
     keep_events_text: Annotated[bool, typer.Option(
         "--keep-events-text", help="With --out: keep each token event's text in records.jsonl.gz, not only "
                                    "each answer's whole text (about 2x the bytes).")] = False,
+    on: Annotated[Optional[str], typer.Option(
+        "--on", help="Run the client on another host, next to the server (the network between you and it stays "
+                     "out of the figures): ssh://[user@]host[:port]. URL is as that host sees it; the results "
+                     "come back into --out (default runs) and the store here.", metavar="SSH_URL")] = None,
+    remote_python: RemotePythonOpt = None,
+    remote_dir: RemoteDirOpt = None,
     as_json: JsonOpt = False,
     **bench_options,
 ) -> None:
@@ -228,7 +288,17 @@ def bench_cmd(
 
     output = BenchOutput(out=out, store=store, csv=csv, keep_events_text=keep_events_text)
     args = BenchArgs(**bench_options)
-    options = build_options(args)
+    options = build_options(args)  # refused here, before anything is started there
+    if on is not None:
+        from servelab.remote.commands import FORWARD_DROPS, forwarded_argv, remote_bench
+        from servelab.store.db import default_store_path
+
+        local_out = out or Path("runs")
+        code, _runs = remote_bench(on, forwarded_argv(sys.argv[1:], "bench", (*FORWARD_DROPS, "--api-key")),
+                                   _remote_options(remote_python, remote_dir), console, err_console, local_out,
+                                   store or default_store_path(local_out),
+                                   env_secrets={"SERVELAB_API_KEY": args.api_key} if args.api_key else None)
+        raise typer.Exit(code)
     session = BenchSession.open(output, args.mode)  # a damaged store stops the run before it measures anything
     result = session.measure(url, options, _out_console(as_json))
     # The measurement is over: a further Ctrl-C waits until the results are written and printed (issue 27).
@@ -388,6 +458,9 @@ def doctor_cmd(
     stacks: Annotated[Optional[bool], typer.Option(
         "--stacks/--no-stacks", help="Stacks are read and named whenever there is a process (py-spy): --stacks "
                                      "adds the raw dumps, --no-stacks skips them.")] = None,
+    on: OnOpt = None,
+    remote_python: RemotePythonOpt = None,
+    remote_dir: RemoteDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Diagnose a server servelab did not start: starting, loading, ready, stalled or crashed, with the evidence.
@@ -397,10 +470,20 @@ def doctor_cmd(
     running (nothing listens at the URL, nothing else to look at), there is no such process, or it answers its
     readiness probe while its stacks look deadlocked."""
     from servelab.lifecycle.doctor import diagnose, looks_hung
+    from servelab.records import Diagnosis
     from servelab.report.doctor import render_diagnosis
 
-    result = diagnose(pid=pid, log=log, url=url, engine=engine, seconds=seconds, stacks=stacks is not False,
-                      raw_stacks=stacks is True)
+    if on is not None:  # the process, log and URL are that host's: doctor runs there, its verdict is drawn here
+        from servelab.remote.commands import forwarded_argv, remote_json
+
+        code, doc = remote_json(on, forwarded_argv(sys.argv[1:], "doctor"), _remote_options(remote_python, remote_dir),
+                                console, err_console)
+        if doc is None:
+            raise typer.Exit(code or 1)
+        result = Diagnosis.model_validate(doc)
+    else:
+        result = diagnose(pid=pid, log=log, url=url, engine=engine, seconds=seconds, stacks=stacks is not False,
+                          raw_stacks=stacks is True)
     if as_json:
         print(result.model_dump_json(indent=2))
     else:
@@ -554,6 +637,30 @@ def report_cmd(
         except NoCommonMetrics as exc:
             err_console.print(f"note: {exc.message}", highlight=False)
     console.print(f"report: {write_report(data, comparison, output)}", highlight=False)
+
+
+@app.command("attach")
+def attach_cmd(
+    on: Annotated[str, typer.Argument(help="The host: ssh://[user@]host[:port].", metavar="SSH_URL")],
+    job: Annotated[str, typer.Argument(help="The job directory there, as `--on` printed it.")],
+    remote_python: RemotePythonOpt = None,
+) -> None:
+    """Follow a command still running on another host (after a lost connection, or `up --on-disconnect keep`):
+    its output from the start, live; Ctrl-C stops it there."""
+    from servelab.remote.commands import attach
+    from servelab.report.live import launch_view
+
+    raise typer.Exit(attach(on, job, _remote_options(remote_python, None), console, err_console,
+                            launch_view(console)))
+
+
+def _add_remote_agent() -> None:
+    from servelab.remote.agent import app as agent_app
+
+    app.add_typer(agent_app, name="remote", hidden=True)
+
+
+_add_remote_agent()
 
 
 def main() -> None:

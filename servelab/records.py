@@ -70,6 +70,16 @@ class Usage(BaseModel):
     cached_tokens: int | None = None
 
 
+class ToolCall(BaseModel):
+    """One tool call of a streamed answer, joined from its `delta.tool_calls` pieces (bench/tool_calls.py)."""
+
+    index: int  # the call's `index` in the deltas (parallel calls: 0, 1, ...)
+    id: str | None = None
+    name: str | None = None  # function.name, as the first piece of the call gave it
+    arguments: str = ""  # the function.arguments fragments, joined
+    fragments: int = 0  # pieces that carried a non-empty arguments fragment
+
+
 class RequestRecord(BaseModel):
     """One request as it happened. Every benchmark figure is a pure function of a list of these."""
 
@@ -90,7 +100,7 @@ class RequestRecord(BaseModel):
     events: list[TokenEvent] = Field(default_factory=list)
     count_method: CountMethod = "chunk_count"
     chunks: int = 0  # SSE data events received (including ones with no tokens), [DONE] excluded
-    saw_done: bool = False  # the stream ended with `data: [DONE]`
+    saw_done: bool = False  # it ended with `data: [DONE]` (Responses: response.completed; Messages: message_stop)
     usage: Usage | None = None
     finish_reason: str | None = None
 
@@ -108,6 +118,27 @@ class RequestRecord(BaseModel):
     # usage.cached_tokens.
     conversation: int | None = None
     turn: int | None = None
+    # Chat with images (bench/workloads/images.py): the images the request carried and their pixels, summed
+    # (width x height of each as sent); None for requests without images (docs/metrics.md#images).
+    images: int | None = None
+    image_pixels: int | None = None
+    # A non-streamed request (embeddings, rerank; `stream` false): the inputs or documents it carried, what its
+    # items/s counts (docs/metrics.md#non-streamed). None for streamed requests.
+    items: int | None = None
+    # Tool calls (bench/tool_calls.py; docs/metrics.md#tool-calls), all None for a request that declared no tools:
+    # the calls as streamed ([]: none made), the arrival of the first tool_calls piece and of the finish_reason that
+    # completed them, whether every call's arguments parse as a JSON object, whether every call also names a
+    # declared tool and validates against its parameters, and the first problem found.
+    tool_calls: list[ToolCall] | None = None
+    t_first_tool_ns: int | None = None
+    t_tool_done_ns: int | None = None
+    tool_calls_parse: bool | None = None
+    tool_calls_valid: bool | None = None
+    tool_problem: str | None = None
+    # Structured output (docs/metrics.md#structured-output), None for a request that asked for no format: whether
+    # the answer's text is the JSON object its response_format (or guided field) promised, and why not.
+    schema_valid: bool | None = None
+    schema_problem: str | None = None
     # The answer's and the reasoning's whole text, for a record read back from event columns that kept the text
     # once per request rather than per event (servelab/event_columns.py); None while the events carry it.
     kept_text: tuple[str, str] | None = Field(None, exclude=True)
@@ -388,6 +419,17 @@ class TurnFigures(BaseModel):
     cached_share: float | None = None  # cached ÷ prompt tokens, token-weighted, over requests that reported both
 
 
+class ImageGroupFigures(BaseModel):
+    """The requests of a level that carried one image count and one pixel total (docs/metrics.md#images): how long
+    their first token took, and the prompt the server counted for them (bench/image_figures.py)."""
+
+    images: int  # images per request (0: the level's requests without images)
+    megapixels: float | None = None  # pixels per request, summed over its images, in millions (None: unknown)
+    requests: int  # successful requests of this group
+    ttft_ms: Distribution | None = None
+    prompt_tokens_mean: float | None = None  # the server's usage.prompt_tokens, over requests that reported it
+
+
 class Summary(BaseModel):
     """The figures for one load level."""
 
@@ -423,6 +465,8 @@ class Summary(BaseModel):
     turns: list[TurnFigures] = Field(default_factory=list)
     # What the GPUs did during the level (None: files written before it existed).
     gpu: GpuSummary | None = None
+    # Chat with images: figures per image count and size, fewest images first; empty when no request carried one.
+    images: list[ImageGroupFigures] = Field(default_factory=list)
 
 
 class WorkerProvenance(BaseModel):
@@ -569,6 +613,8 @@ class Provenance(BaseModel):
     host_load: EnvironmentSummary | None = None
     # Every load-generating worker (--workers, --ray): its host, pid and clock offset. Empty: one process.
     workers: list[WorkerProvenance] = Field(default_factory=list)
+    # ssh://… when servelab ran this on another host (`--on`) and copied it back: `host` above is that host.
+    ran_on: str | None = None
 
 
 class Step(BaseModel):

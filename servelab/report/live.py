@@ -114,7 +114,12 @@ def _fit(line: str, width: int) -> str:
 
 def launch_view(console: Console, heartbeat_s: float = HEARTBEAT_S) -> LaunchView:
     """The start-up view for `console`, to hand to `lifecycle.launch.start_engine(view=...)`: a live panel on a
-    terminal, plain lines elsewhere."""
+    terminal, plain lines elsewhere; on the far side of `--on ssh://…`, events for the controller to draw
+    (remote/events_view.py)."""
+    from servelab.remote import events_view
+
+    if events_view.current is not None:
+        return events_view.current
     return TerminalLaunchView(console) if console.is_terminal else PlainLaunchView(console, heartbeat_s)
 
 

@@ -36,6 +36,14 @@ def save_bench(store: Store, result: BenchResult, records: Iterable[RequestRecor
     """A `servelab bench --out` run in the store: a run with no launch and one trial holding the bench as its one
     step, named by its mode, so `runs`, `show`, `compare`, `report` and `export` read it as they read a cell of
     `servelab run`. Its run directory keeps the BenchResult as summary.json."""
+    summary = bench_run_summary(result, run_id, status=status, error=error)
+    save_run(store, summary, records, run_dir)
+    return summary
+
+
+def bench_run_summary(result: BenchResult, run_id: str, *, status: str = "complete",
+                      error: str | None = None) -> RunSummary:
+    """The run a bench is in the store, with this host's provenance (where the client ran)."""
     from servelab.provenance import build_provenance
 
     trial = Trial(index=0, status=status, steps=[Step(name=result.mode, result=result)])
@@ -43,7 +51,6 @@ def save_bench(store: Store, result: BenchResult, records: Iterable[RequestRecor
                          provenance=build_provenance(engine=result.workload.get("engine_detected"),
                                                      model=result.model))
     summary.provenance.workers = list(result.workers)  # --workers/--ray: every worker's host and clock offset
-    save_run(store, summary, records, run_dir)
     return summary
 
 

@@ -1,0 +1,16 @@
+"""Remote hosts over SSH: `up`, `doctor`, `verify` and `bench` with `--on ssh://[user@]host[:port]`.
+
+The far side runs servelab itself, the same commands as a local run: one code path, the host a parameter. What
+travels between the two is small and line-based (protocol.py), over the system's OpenSSH client with a control
+master (connection.py), so the user's ~/.ssh/config, agent, keys, ProxyJump and known_hosts apply as they do to
+`ssh` typed by hand.
+
+- target.py      the ssh:// URL and the ssh command line built from it
+- connection.py  one control master per command; OpenSSH's failures in one line each
+- protocol.py    the events file's lines and the compatibility rule between two servelab versions
+- agent.py       the far side: hello, start (a detached worker), follow, pack
+- worker.py      the far side's detached process: the command, its output as events, the controller watchdog
+- events_view.py a start-up's live statuses written as events there, drawn by the same view here
+- controller.py  this side: start, follow (reconnecting), Ctrl-C, the results copied back and checked
+- commands.py    what cli.py calls for each command with --on
+"""

@@ -1,0 +1,171 @@
+"""What `up`, `bench`, `doctor` and `verify` do with `--on ssh://…`: the same command, run by servelab on the far
+side, its output and live view shown here, its results copied back into this side's run directory and store.
+
+The command line the far side runs is this one's, less the options that only make sense here (FORWARD_DROPS):
+one code path for both, so a remote run cannot drift from a local one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from servelab.errors import UserError
+from servelab.remote.connection import SshConnection
+from servelab.remote.controller import RemoteJob, RemoteOptions, hello
+from servelab.remote.events_view import replay
+from servelab.remote.target import SshTarget
+
+# Options of this side only, each with a value: where to run, how, and where results land here.
+FORWARD_DROPS = ("--on", "--remote-python", "--remote-dir", "--on-disconnect", "--disconnect-grace", "--out",
+                 "--store")
+RESULTS = "results"  # the far side's --out, inside the job directory
+
+
+def forwarded_argv(argv: Sequence[str], command: str, drops: Sequence[str] = FORWARD_DROPS) -> list[str]:
+    """`argv` (servelab's, without the program name) from `command` on, less the options in `drops` (as
+    `--opt value` or `--opt=value`). Arguments after `--` go through untouched (an engine's own options)."""
+    args = list(argv)
+    try:
+        start = args.index(command)
+    except ValueError:
+        raise UserError(f"cannot find the command `{command}` in the command line to run it remotely") from None
+    out, i, rest = [], start, None
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest = args[i:]
+            break
+        name = arg.split("=", 1)[0]
+        if name in drops:
+            i += 1 if "=" in arg else 2
+            continue
+        out.append(arg)
+        i += 1
+    return out + (rest or [])
+
+
+class _Printer:
+    """The far side's output lines, here: stdout to stdout, stderr to stderr, in the order they were written."""
+
+    def __init__(self, console: Console, err_console: Console, collect_stdout: bool = False):
+        self.console, self.err_console = console, err_console
+        self.collect = collect_stdout
+        self.stdout: list[str] = []
+
+    def line(self, event: dict[str, Any]) -> None:
+        text = str(event.get("s", ""))
+        if event["k"] == "out":
+            if self.collect:
+                self.stdout.append(text)
+            else:
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+        else:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+
+
+def _open(on: str) -> tuple[SshTarget, Any]:
+    target = SshTarget.parse(on)
+    return target, SshConnection.open(target)
+
+
+def run_remote(on: str, argv: Sequence[str], options: RemoteOptions, console: Console, err_console: Console,
+               *, view=None, collect_stdout: bool = False, fetch: tuple[str, Path] | None = None,
+               env_secrets: dict[str, str] | None = None) -> tuple[int, RemoteJob, list[str], list[str]]:
+    """Run `servelab ARGV…` on the far side to its end: (exit status, job, its stdout lines when collected, the
+    files copied back when `fetch` = (path there, directory here))."""
+    target, opening = _open(on)
+    printer = _Printer(console, err_console, collect_stdout)
+
+    def note(text: str) -> None:
+        err_console.print(f"remote: {text}", markup=False, highlight=False, soft_wrap=True)
+
+    with opening as conn:
+        hello(conn, options, note)
+        job = RemoteJob.start(conn, options, argv, env_secrets)
+        note(f"running on {target} in {job.dir} (pid {job.pid})")
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event["k"] in ("out", "err"):
+                printer.line(event)
+            elif event["k"] == "launch" and view is not None:
+                replay(event, view, target.host)
+
+        code = job.follow(on_event, note)
+        copied: list[str] = []
+        if fetch is not None:
+            copied = job.fetch(*fetch)
+        return code, job, printer.stdout, copied
+
+
+def remote_json(on: str, argv: Sequence[str], options: RemoteOptions, console: Console, err_console: Console,
+                env_secrets: dict[str, str] | None = None) -> tuple[int, Any]:
+    """A command run there with --json: (exit status, its JSON document)."""
+    args = list(argv)
+    if "--json" not in args:
+        cut = args.index("--") if "--" in args else len(args)
+        args.insert(cut, "--json")
+    code, _job, lines, _ = run_remote(on, args, options, console, err_console, collect_stdout=True,
+                                      env_secrets=env_secrets)
+    text = "\n".join(lines).strip()
+    if not text:
+        return code, None
+    try:
+        return code, json.loads(text)
+    except ValueError:
+        raise UserError(f"the remote servelab printed something that is not its JSON result: {text[:200]!r}") \
+            from None
+
+
+def remote_up(on: str, argv: Sequence[str], options: RemoteOptions, console: Console, err_console: Console,
+              view) -> int:
+    """`servelab up` there, its start-up drawn here by `view`; Ctrl-C here stops the engine there. The exit
+    status is the far side's."""
+    code, _job, _lines, _ = run_remote(on, argv, options, console, err_console, view=view)
+    return code
+
+
+def remote_bench(on: str, argv: Sequence[str], options: RemoteOptions, console: Console, err_console: Console,
+                 out: Path, store_path: Path, env_secrets: dict[str, str] | None = None) -> tuple[int, list[Path]]:
+    """`servelab bench` there (the client next to the server), its results copied back into `out` and kept in the
+    local store: (exit status, the run directories copied)."""
+    from servelab.remote.imports import store_copied_runs
+
+    args = list(argv)
+    cut = args.index("--") if "--" in args else len(args)
+    args[cut:cut] = ["--out", RESULTS]
+    code, job, _lines, copied = run_remote(on, args, options, console, err_console, fetch=(RESULTS, out),
+                                           env_secrets=env_secrets)
+    runs = store_copied_runs(out, copied, store_path, ran_on=str(SshTarget.parse(on)), remote_dir=job.dir)
+    for run in runs:
+        err_console.print(f"remote: copied {run.name} back to {run} and stored it in {store_path}", markup=False,
+                          highlight=False, soft_wrap=True)
+    return code, runs
+
+
+def attach(on: str, job_dir: str, options: RemoteOptions, console: Console, err_console: Console, view) -> int:
+    """Follow a job already running there, from its first event."""
+    target, opening = _open(on)
+    printer = _Printer(console, err_console)
+
+    def note(text: str) -> None:
+        err_console.print(f"remote: {text}", markup=False, highlight=False, soft_wrap=True)
+
+    with opening as conn:
+        hello(conn, options, note)
+        job = RemoteJob(conn=conn, options=options, dir=job_dir, pid=0)
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event["k"] in ("out", "err"):
+                printer.line(event)
+            elif event["k"] == "launch":
+                replay(event, view, target.host)
+
+        return job.follow(on_event, note)

@@ -1,0 +1,272 @@
+"""This side of a remote job: start it, follow its events (reconnecting when the connection drops), turn Ctrl-C
+into a stop request, and copy its results back whole.
+
+A dropped connection is not the end of a run: the far side's worker goes on (its policy decides what happens
+once the controller has been gone past the grace period), so the controller reconnects, as often as it takes
+within that period, and resumes following at the byte where it left off. Only when the host cannot be reached
+for the whole grace period does it give up, saying what became of the engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import shutil
+import subprocess
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servelab import __version__
+from servelab.errors import UserError
+from servelab.remote.agent import MANIFEST
+from servelab.remote.connection import NOT_FOUND, SSH_FAILED, SshConnection
+from servelab.remote.protocol import BEAT_S, compatibility, decode
+
+SILENT_LIMIT_S = 4 * BEAT_S  # a follower that sent nothing, not even a beat, for this long is on a dead link
+RECONNECT_EVERY_S = 1.0
+
+
+@dataclass
+class RemoteOptions:
+    """How to run servelab on the far side."""
+
+    remote_python: str | None = None  # an interpreter that has servelab; default: `servelab` on the remote PATH
+    remote_dir: str | None = None  # the root of job directories there (default ~/.servelab/remote)
+    on_disconnect: str = "stop"
+    grace_s: float = 60.0
+    columns: int | None = None
+
+    def servelab(self) -> list[str]:
+        return [self.remote_python, "-m", "servelab.cli"] if self.remote_python else ["servelab"]
+
+
+def hello(conn: SshConnection, options: RemoteOptions, warn: Callable[[str], None]) -> dict[str, Any]:
+    """The far side's servelab, checked against the compatibility rule; UserError when it is missing or cannot be
+    driven."""
+    done = conn.run([*options.servelab(), "remote", "hello"], timeout_s=60)
+    if done.returncode == NOT_FOUND or (done.returncode != 0 and b"No module named" in done.stderr):
+        what = f"`{options.remote_python} -m servelab`" if options.remote_python else "`servelab` on its PATH"
+        raise UserError(f"servelab is not installed on {conn.target} (no {what})",
+                        hint="install it there (pip install servelab, in the environment the engines run in), "
+                             "or pass --remote-python PATH naming an interpreter that has it")
+    if done.returncode != 0:
+        raise UserError(f"servelab on {conn.target} did not answer `remote hello`: "
+                        f"{_last(done.stderr) or f'exit status {done.returncode}'}",
+                        hint="it may predate remote hosts: upgrade servelab there")
+    try:
+        info = json.loads(done.stdout)
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        raise UserError(f"servelab on {conn.target} answered `remote hello` with something that is not JSON")
+    usable, message = compatibility(__version__, info)
+    if not usable:
+        raise UserError(message or "incompatible remote servelab")
+    if message:
+        warn(message)
+    return info
+
+
+def _last(data: bytes) -> str:
+    lines = [x.strip() for x in data.decode("utf-8", "replace").splitlines() if x.strip()]
+    return lines[-1] if lines else ""
+
+
+@dataclass
+class RemoteJob:
+    conn: SshConnection
+    options: RemoteOptions
+    dir: str
+    pid: int
+    offset: int = 0  # bytes of events.jsonl already received
+    stop_requested: int = 0
+    exit_code: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, conn: SshConnection, options: RemoteOptions, argv: Sequence[str],
+              secrets: dict[str, str] | None = None) -> RemoteJob:
+        """Start `servelab ARGV…` there. `secrets` (an API key) travel on the channel's stdin into the worker's
+        environment, never on a command line or into a file."""
+        remote = [*options.servelab(), "remote", "start", "--grace", f"{options.grace_s:g}",
+                  "--on-disconnect", options.on_disconnect]
+        if options.remote_dir:
+            remote += ["--root", options.remote_dir]
+        if options.columns:
+            remote += ["--columns", str(options.columns)]
+        if secrets:
+            remote.append("--secrets-on-stdin")
+        done = conn.run([*remote, "--", *argv], timeout_s=60,
+                        stdin=json.dumps(secrets).encode() if secrets else None)
+        if done.returncode != 0:
+            raise UserError(f"could not start servelab on {conn.target}: "
+                            f"{_last(done.stderr).removeprefix('error: ') or f'exit status {done.returncode}'}")
+        try:
+            info = json.loads(done.stdout)
+            return cls(conn=conn, options=options, dir=str(info["dir"]), pid=int(info["pid"]))
+        except (ValueError, KeyError, TypeError):
+            raise UserError(f"servelab on {conn.target} answered `remote start` with {done.stdout[:200]!r}") \
+                from None
+
+    def remote(self, *args: str) -> list[str]:
+        return [*self.options.servelab(), "remote", *args]
+
+    def follow(self, on_event: Callable[[dict[str, Any]], None], on_note: Callable[[str], None]) -> int:
+        """Every event until the exit line; the command's exit status. Ctrl-C asks the far side to stop and keeps
+        following (its results are what Ctrl-C must not lose); a second Ctrl-C asks again, which hurries it."""
+        while True:
+            outcome = self._follow_once(on_event)
+            if outcome == "exit":
+                return self.exit_code if self.exit_code is not None else 1
+            if outcome.startswith("lost:"):
+                raise UserError(f"on {self.conn.target}: {outcome[5:]}",
+                                hint=f"what it wrote is in {self.dir} there")
+            self._reconnect(on_note)
+
+    def _follow_once(self, on_event: Callable[[dict[str, Any]], None]) -> str:
+        proc = self.conn.popen(self.remote("follow", self.dir, "--offset", str(self.offset)))
+        lines: queue.Queue[bytes | None] = queue.Queue()
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for raw in iter(proc.stdout.readline, b""):
+                lines.put(raw)
+            lines.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        if self.stop_requested:
+            self._send_stop(proc)
+        last_heard = time.monotonic()
+        try:
+            while True:
+                try:
+                    raw = lines.get(timeout=0.2)
+                except queue.Empty:
+                    if time.monotonic() - last_heard > SILENT_LIMIT_S:
+                        return "dropped"
+                    continue
+                except KeyboardInterrupt:
+                    self.stop_requested += 1
+                    self._send_stop(proc)
+                    continue
+                if raw is None:
+                    proc.wait()
+                    if proc.returncode == SSH_FAILED or not self.conn.master_alive:
+                        return "dropped"
+                    stderr = _last(proc.stderr.read() if proc.stderr else b"")
+                    return f"lost:{stderr.removeprefix('error: ') or 'the follower ended without the exit line'}"
+                last_heard = time.monotonic()
+                event = decode(raw)
+                if event is None:
+                    continue
+                kind = event["k"]
+                if kind == "beat":
+                    continue
+                if kind == "lost":
+                    proc.wait()
+                    return f"lost:{event.get('why', 'the remote servelab is gone')}"
+                self.offset += len(raw)
+                if kind == "exit":
+                    self.exit_code = int(event.get("code") or 0)
+                    proc.wait()
+                    return "exit"
+                try:
+                    on_event(event)
+                except KeyboardInterrupt:
+                    self.stop_requested += 1
+                    self._send_stop(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+
+    def _send_stop(self, proc: subprocess.Popen) -> None:
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(b"stop\n")
+            proc.stdin.flush()
+        except (OSError, AssertionError):
+            pass  # the link is going: the stop is sent again once it is back
+
+    def _reconnect(self, on_note: Callable[[str], None]) -> None:
+        """Back within the grace period, or UserError saying what became of the engine."""
+        started = time.monotonic()
+        on_note(f"the connection to {self.conn.target} dropped; reconnecting (the far side waits "
+                f"{self.options.grace_s:g} s for a controller)")
+        while time.monotonic() - started < self.options.grace_s:
+            if self.conn.reconnect():
+                on_note(f"reconnected to {self.conn.target} after {time.monotonic() - started:.1f} s; following "
+                        f"again")
+                return
+            time.sleep(RECONNECT_EVERY_S)
+        fate = ("it has stopped the engine there, as --on-disconnect stop says" if self.options.on_disconnect == "stop"
+                else f"the engine keeps running there (--on-disconnect keep): `servelab attach "
+                     f"{self.conn.target} {self.dir}` follows it again")
+        raise UserError(f"lost {self.conn.target} for {self.options.grace_s:g} s: {fate}")
+
+    def fetch(self, path: str, into: Path) -> list[str]:
+        """Copy DIR/path into `into`, checked against the far side's manifest before anything is kept; the files
+        copied (relative to `into`)."""
+        staging = into.parent / f".{into.name}.incoming"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        try:
+            proc = self.conn.popen(self.remote("pack", self.dir, path))
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.close()
+            names = _untar(proc.stdout, staging)
+            proc.wait()
+            if proc.returncode != 0:
+                stderr = _last(proc.stderr.read() if proc.stderr else b"")
+                raise UserError(f"copying {path} back from {self.conn.target} failed: "
+                                f"{stderr.removeprefix('error: ') or f'exit status {proc.returncode}'}")
+            files = _check_manifest(staging, names, self.conn.target)
+            into.mkdir(parents=True, exist_ok=True)
+            for name in files:
+                target = into / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                (staging / name).replace(target)
+            return files
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _untar(stream, into: Path) -> list[str]:
+    names = []
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                tar.extract(member, into, filter="data")  # no absolute paths, no .., no links out
+                names.append(member.name)
+    except (tarfile.TarError, OSError) as exc:
+        raise UserError(f"the copy from the far side broke off: {exc}") from None
+    return names
+
+
+def _check_manifest(staging: Path, names: list[str], target) -> list[str]:
+    try:
+        manifest = json.loads((staging / MANIFEST).read_text())
+    except (OSError, ValueError):
+        raise UserError(f"the copy from {target} has no manifest: it broke off before its end") from None
+    for name, want in manifest.items():
+        path = staging / name
+        if not path.is_file():
+            raise UserError(f"the copy from {target} lacks {name}: it broke off")
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+        if path.stat().st_size != want.get("size") or h.hexdigest() != want.get("sha256"):
+            raise UserError(f"{name} copied from {target} does not match its SHA-256: not used")
+    return sorted(manifest)
