@@ -355,6 +355,10 @@ class Cell(EngineSpec):
     engine: str | None = None  # type: ignore[assignment]  # optional here: a URL cell has no engine
     model: str | None = None  # type: ignore[assignment]  # a URL cell: the model id to request (default: the first)
     url: str | None = None
+    # ssh://[user@]host[:port]: the cell runs on that host (servelab/remote/cell.py), as `--on` does; None: the
+    # experiment's `on`, else here. A `url` is then as that host sees it. (`host` is EngineSpec's: the interface
+    # the engine binds.)
+    on: str | None = None
     bench: BenchOverrides = Field(default_factory=BenchOverrides)  # type: ignore[valid-type]
     verify: VerifyOverrides = Field(default_factory=VerifyOverrides)  # type: ignore[valid-type]
 
@@ -373,6 +377,18 @@ class Cell(EngineSpec):
         if self.engine is not None and not self.model:
             raise ValueError("a cell that launches an engine needs `model`")
         return self
+
+    @field_validator("on")
+    @classmethod
+    def _ssh_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            from servelab.remote.target import SshTarget
+
+            try:
+                SshTarget.parse(value)
+            except Exception as exc:  # UserError: its message names what is wrong
+                raise ValueError(str(exc)) from None
+        return value
 
     def spec(self) -> EngineSpec | None:
         if self.engine is None:
@@ -405,7 +421,23 @@ class Experiment(Strict):
     baseline: str | None = None
     # Literal figures from elsewhere (no records, so no confidence interval), e.g. {vllm: {single.decode_tok_s: 82.5}}
     baselines: dict[str, dict[str, float]] = Field(default_factory=dict)
+    # Where cells run unless they say otherwise: ssh://[user@]host[:port], or None for here.
+    on: str | None = None
     cells: list[Cell] = Field(min_length=1)
+
+    @field_validator("on")
+    @classmethod
+    def _ssh_url(cls, value: str | None) -> str | None:
+        return Cell._ssh_url(value)
+
+    def host_of(self, cell: Cell) -> str | None:
+        return cell.on or self.on
+
+    def one_cell_there(self, cell: Cell) -> dict[str, Any]:
+        """The experiment file the far side runs for `cell`: this one with that cell alone, run where it is."""
+        doc = self.model_dump(mode="json", exclude={"cells", "on", "baseline", "baselines"})
+        doc["cells"] = [cell.model_dump(mode="json", exclude={"on"}, exclude_none=True)]
+        return doc
 
     @model_validator(mode="after")
     def _names(self) -> Experiment:
@@ -434,12 +466,14 @@ class Experiment(Strict):
         bench = self.bench_for(cell).model_dump()
         if bench["steps"] is None:  # the default steps keep the keys of files written before steps existed
             del bench["steps"]
-        doc = {"cell": cell.model_dump(exclude={"bench", "verify"}), "bench": bench,
+        doc = {"cell": cell.model_dump(exclude={"bench", "verify", "on"}), "bench": bench,
                "verify": self.verify_for(cell).model_dump(), "ready_timeout_s": self.ready_timeout_s}
         if self.trials > 1:  # one trial keeps the keys of files written before trials existed
             doc["trials"] = self.trials
         if not self.cache_reset:  # on, the default, keeps the keys of files written before it existed
             doc["cache_reset"] = False
+        if self.host_of(cell) is not None:  # here, the default, keeps the keys of files written before `on`
+            doc["on"] = self.host_of(cell)
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -213,7 +213,15 @@ def _run(experiment: Experiment, options: ExperimentOptions, store: StoreWrites,
             raise UserError(f"cannot write the cell's run directory under {out_dir}: {os_error_words(exc)}",
                             hint="free some space, or point --out somewhere writable") from None
         run_id = f"{out_dir.name}/{run_dir.name}"
-        sessions[cell.name] = (seq, key, CellSession(_plan(experiment, cell, run_id, run_dir), console))
+        plan = _plan(experiment, cell, run_id, run_dir)
+        host = experiment.host_of(cell)
+        if host is not None:  # the same cell, run by servelab on that host (its trials there, back to back)
+            from servelab.remote.cell import RemoteCellSession
+
+            sessions[cell.name] = (seq, key, RemoteCellSession(plan, experiment.one_cell_there(cell), host,
+                                                               console))
+        else:
+            sessions[cell.name] = (seq, key, CellSession(plan, console))
     interrupted = False
     try:
         _run_schedule(experiment, sessions, console, lambda name: _save(store, exp_id, sessions[name], name))
@@ -286,7 +294,7 @@ def _run_schedule(experiment: Experiment, sessions: dict[str, tuple[int, str, Ce
             continue
         done = session.bench_trial(trial, slot)
         saved(name)
-        while done is not None and needs_rerun(done):
+        while done is not None and needs_rerun(done) and not getattr(session, "reruns_itself", False):
             words = f"trial {trial + 1}/{experiment.trials} of {name}" if many else f"the trial of {name}"
             engine = session.engine
             if not guard.after_contended(name, trial, [engine.pid] if engine else [],

@@ -65,9 +65,10 @@ def start(
     grace: Annotated[float, typer.Option(help="Seconds without a controller before the policy applies.")] = 60.0,
     on_disconnect: Annotated[str, typer.Option(help=POLICY_HELP)] = "stop",
     columns: Annotated[Optional[int], typer.Option(help="The controller's terminal width.")] = None,
-    secrets_on_stdin: Annotated[bool, typer.Option(
-        help="Read a JSON object of environment variables (an API key) from stdin, for the worker's environment "
-             "only: never in job.json, a command line or a log.")] = False,
+    stdin_json: Annotated[bool, typer.Option(
+        help="Read {\"env\": {…}, \"files\": {name: text}} from stdin: environment variables (an API key) for "
+             "the worker only, never in job.json, a command line or a log; files written into the job directory "
+             "(an experiment file) before it starts.")] = False,
 ) -> None:
     """Start `servelab ARGV…` detached from this SSH session; print its job directory and pid as JSON."""
     argv = list(ctx.args)
@@ -78,14 +79,15 @@ def start(
     if on_disconnect not in DISCONNECT_POLICIES:
         _fail(f"unknown --on-disconnect '{on_disconnect}': use stop or keep")
     env = dict(os.environ)
-    if secrets_on_stdin:
+    given: dict = {}
+    if stdin_json:
         try:
-            secrets = json.loads(sys.stdin.read() or "{}")
+            given = json.loads(sys.stdin.read() or "{}")
         except ValueError:
-            _fail("--secrets-on-stdin: stdin is not a JSON object")
-        if not isinstance(secrets, dict):
-            _fail("--secrets-on-stdin: stdin is not a JSON object")
-        env.update({str(k): str(v) for k, v in secrets.items()})
+            given = None
+        if not isinstance(given, dict):
+            _fail("--stdin-json: stdin is not a JSON object")
+        env.update({str(k): str(v) for k, v in (given.get("env") or {}).items()})
     job_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
     job_dir = job_root(root) / job_id
     try:
@@ -93,6 +95,10 @@ def start(
         (job_dir / "job.json").write_text(json.dumps({
             "argv": argv, "grace_s": grace, "on_disconnect": on_disconnect, "columns": columns,
             "created": time.time(), "version": __version__, "protocol": PROTOCOL}))
+        for name, text in (given.get("files") or {}).items():
+            if "/" in name or name.startswith("."):
+                _fail(f"--stdin-json: a file name must be a plain name, not {name!r}")
+            (job_dir / name).write_text(str(text))
         (job_dir / "events.jsonl").touch()
         (job_dir / "controller.alive").touch()
     except OSError as exc:

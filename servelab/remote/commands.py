@@ -78,7 +78,8 @@ def _open(on: str) -> tuple[SshTarget, Any]:
 
 def run_remote(on: str, argv: Sequence[str], options: RemoteOptions, console: Console, err_console: Console,
                *, view=None, collect_stdout: bool = False, fetch: tuple[str, Path] | None = None,
-               env_secrets: dict[str, str] | None = None) -> tuple[int, RemoteJob, list[str], list[str]]:
+               env_secrets: dict[str, str] | None = None, files: dict[str, str] | None = None
+               ) -> tuple[int, RemoteJob, list[str], list[str]]:
     """Run `servelab ARGV…` on the far side to its end: (exit status, job, its stdout lines when collected, the
     files copied back when `fetch` = (path there, directory here))."""
     target, opening = _open(on)
@@ -89,7 +90,7 @@ def run_remote(on: str, argv: Sequence[str], options: RemoteOptions, console: Co
 
     with opening as conn:
         hello(conn, options, note)
-        job = RemoteJob.start(conn, options, argv, env_secrets)
+        job = RemoteJob.start(conn, options, argv, env_secrets, files)
         note(f"running on {target} in {job.dir} (pid {job.pid})")
 
         def on_event(event: dict[str, Any]) -> None:

@@ -91,19 +91,21 @@ class RemoteJob:
 
     @classmethod
     def start(cls, conn: SshConnection, options: RemoteOptions, argv: Sequence[str],
-              secrets: dict[str, str] | None = None) -> RemoteJob:
+              secrets: dict[str, str] | None = None, files: dict[str, str] | None = None) -> RemoteJob:
         """Start `servelab ARGV…` there. `secrets` (an API key) travel on the channel's stdin into the worker's
-        environment, never on a command line or into a file."""
+        environment, never on a command line or into a file; `files` are written into the job directory first
+        (relative paths in ARGV find them)."""
         remote = [*options.servelab(), "remote", "start", "--grace", f"{options.grace_s:g}",
                   "--on-disconnect", options.on_disconnect]
         if options.remote_dir:
             remote += ["--root", options.remote_dir]
         if options.columns:
             remote += ["--columns", str(options.columns)]
-        if secrets:
-            remote.append("--secrets-on-stdin")
+        given = {"env": secrets or {}, "files": files or {}}
+        if secrets or files:
+            remote.append("--stdin-json")
         done = conn.run([*remote, "--", *argv], timeout_s=60,
-                        stdin=json.dumps(secrets).encode() if secrets else None)
+                        stdin=json.dumps(given).encode() if secrets or files else None)
         if done.returncode != 0:
             raise UserError(f"could not start servelab on {conn.target}: "
                             f"{_last(done.stderr).removeprefix('error: ') or f'exit status {done.returncode}'}")
