@@ -346,6 +346,13 @@ BenchOverrides = _overrides(BenchSettings)
 VerifyOverrides = _overrides(VerifySettings)
 
 
+def _yaml_on(data: Any) -> Any:
+    """YAML 1.1 (PyYAML) reads a bare key `on` as the boolean true: `on: ssh://gpu-box` means the key "on"."""
+    if isinstance(data, dict) and True in data and "on" not in data:
+        data = {("on" if key is True else key): value for key, value in data.items()}
+    return data
+
+
 class Cell(EngineSpec):
     """One configuration to measure: launch `engine` with `model` (EngineSpec's fields), or measure `url`."""
 
@@ -377,6 +384,11 @@ class Cell(EngineSpec):
         if self.engine is not None and not self.model:
             raise ValueError("a cell that launches an engine needs `model`")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_read_as_true(cls, data: Any) -> Any:
+        return _yaml_on(data)
 
     @field_validator("on")
     @classmethod
@@ -424,6 +436,11 @@ class Experiment(Strict):
     # Where cells run unless they say otherwise: ssh://[user@]host[:port], or None for here.
     on: str | None = None
     cells: list[Cell] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_read_as_true(cls, data: Any) -> Any:
+        return _yaml_on(data)
 
     @field_validator("on")
     @classmethod
