@@ -116,11 +116,11 @@ def test_an_object_that_is_no_chunk_at_all_is_ignored(cal) -> None:
 
 def test_whatever_breaks_inside_the_handler_costs_one_request(cal, monkeypatch) -> None:
     # A shape no check foresaw (here: the chunk reader itself raising) fails the request as `parse`.
-    import servelab.bench.client as client_module
+    from servelab.protocol.dialects import dialect_for
 
     def broken(obj):
         raise AttributeError("'int' object has no attribute 'get'")
-    monkeypatch.setattr(client_module, "read_chunk", broken)
+    monkeypatch.setattr(dialect_for("/v1/chat/completions"), "read", broken)
     record = send(cal.url)
     assert not record.ok and record.error_kind == "parse"
     assert "AttributeError" in record.error_detail

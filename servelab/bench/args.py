@@ -35,7 +35,8 @@ class BenchArgs:
     max_concurrency: int | None = option(None, "sweep / slo-search --search concurrency: highest concurrency tried "
                                                "(default 64); rate modes: cap on requests in flight.")
     # Not given on the command line is None: chat, but completions for a trace replay. The API's default is chat.
-    endpoint: str | None = option("chat", "chat or completions (default chat; replay: completions).",
+    endpoint: str | None = option("chat", "chat, completions, responses (OpenAI's Responses API) or messages "
+                                          "(Anthropic's), streamed (default chat; replay: completions).",
                                   command_default=None)
     concurrency: int | None = option(None, "Streams for --mode concurrency (slo-search: the first concurrency "
                                            "tried).")

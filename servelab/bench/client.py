@@ -1,7 +1,9 @@
 """The streaming client: one request in, one RequestRecord out, never an exception.
 
 Layers: protocol/http1.py moves bytes (one HTTP/1.1 exchange, the body handed over as it arrives); this module
-gives them meaning (SSE events, OpenAI chunks, the record); bench/tokens.py counts tokens once the stream ended.
+gives them meaning (SSE events, the record); the endpoint's dialect (protocol/dialects/: chat/completions chunks,
+Responses events, Messages events) reads each event and shapes the request; bench/tokens.py counts tokens once the
+stream ended.
 
 Timing: `perf_counter_ns()` right after each socket read returns; every event completed by that read gets that
 time. The per-event path runs inside the protocol's data_received callback: parse SSE, parse JSON, append a
@@ -36,7 +38,8 @@ from urllib.parse import unquote, urlsplit
 
 import orjson
 
-from servelab.protocol.chunks import MalformedChunk, error_message, read_chunk
+from servelab.protocol.chunks import MalformedChunk, error_message
+from servelab.protocol.dialects import Dialect, dialect_for
 from servelab.protocol.http1 import HTTPError, Origin, build_request, open_exchange
 from servelab.protocol.sse import SSEDecodeError, SSEParser
 from servelab.bench.tokens import RawChunk, count_tokens
@@ -82,9 +85,12 @@ class _StreamState:
     ~10x more, and this is touched once per event."""
 
     __slots__ = ("chunks", "usage", "finish_reason", "events", "saw_done", "last_event_ns", "max_count",
-                 "max_tokens", "cache_n")
+                 "max_tokens", "cache_n", "read", "merge_usage", "ends_with", "what")
 
-    def __init__(self, max_tokens: int | None = None) -> None:
+    def __init__(self, max_tokens: int | None = None, dialect: Dialect | None = None) -> None:
+        dialect = dialect or dialect_for("/v1/chat/completions")
+        self.read, self.merge_usage, self.ends_with = dialect.read, dialect.merge_usage, dialect.ends_with
+        self.what = f"a {dialect.name} stream event" if dialect.ends_with else "an OpenAI streaming chunk"
         self.chunks: list[RawChunk] = []
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
@@ -96,11 +102,17 @@ class _StreamState:
         self.cache_n: int | None = None  # llama.cpp's timings.cache_n: prompt tokens reused from its cache
 
     def on_event(self, data: str, now_ns: int, event: str | None = None) -> bool:
-        """Handle one SSE event; True when the stream is finished ([DONE])."""
+        """Handle one SSE event; True when the stream is finished ([DONE], or the dialect's end event)."""
+        if event is not None:
+            if event == "error":
+                raise _Failure("in_band", f"the stream sent an `event: error`: {_event_error_text(data)}")
+            if event == "ping":  # Anthropic's keep-alive: like a `: ping` comment, it does not end idleness
+                return False
         self.last_event_ns = now_ns
-        if event is not None and event == "error":
-            raise _Failure("in_band", f"the stream sent an `event: error`: {_event_error_text(data)}")
         if data == "[DONE]":
+            if self.ends_with:  # vLLM's Messages stream sends it after message_stop, which ended the read
+                raise _Failure("disconnect", f"the stream sent [DONE] after {self.events} events, before "
+                                             f"{self.ends_with}")
             self.saw_done = True
             return True
         self.events += 1
@@ -109,16 +121,17 @@ class _StreamState:
         except orjson.JSONDecodeError:
             raise _Failure("parse", f"event is not JSON: {data[:_EXCERPT]!r}") from None
         try:
-            view = read_chunk(obj)
+            view = self.read(obj)
         except MalformedChunk as exc:
-            raise _Failure("parse", f"event {self.events} is not an OpenAI streaming chunk: {exc}") from None
+            raise _Failure("parse", f"event {self.events} is not {self.what}: {exc}") from None
         if view.error is not None:
             raise _Failure("in_band", view.error)
         if view.usage is not None:
             completion = view.usage.completion_tokens
             if completion is not None and not 0 <= completion <= self.max_count:
                 raise _Failure("parse", self._implausible("usage.completion_tokens", completion))
-            self.usage = view.usage
+            merge = self.merge_usage
+            self.usage = view.usage if merge is None or self.usage is None else merge(self.usage, view.usage)
         if view.finish_reason is not None:
             self.finish_reason = view.finish_reason
         if view.cache_n is not None:
@@ -128,6 +141,9 @@ class _StreamState:
             raise _Failure("parse", self._implausible("running token count", count))
         if view.answer or view.reasoning or count is not None:
             self.chunks.append(RawChunk(now_ns, view.answer, view.reasoning, count))
+        if view.end:
+            self.saw_done = True
+            return True
         return False
 
     def _implausible(self, what: str, value: int) -> str:
@@ -145,6 +161,18 @@ def basic_auth(url: str) -> str | None:
         return None
     pair = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
     return "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
+
+
+ANTHROPIC_VERSION = "2023-06-01"  # the Messages API version whose event stream protocol/dialects/messages.py reads
+
+
+def dialect_headers(dialect: Dialect, api_key: str | None) -> dict[str, str]:
+    """What a dialect's requests carry besides the client's headers. Messages: Anthropic's `anthropic-version`, and
+    the key as `x-api-key` too, as Anthropic asks; the bearer stays, since vLLM's --api-key reads only
+    `Authorization` on every /v1 route (llama.cpp reads either)."""
+    if dialect.name != "messages":
+        return {}
+    return {"anthropic-version": ANTHROPIC_VERSION, **({"x-api-key": api_key} if api_key else {})}
 
 
 def plausible_token_bound(max_tokens: int | None) -> int:
@@ -179,7 +207,8 @@ class _Failure(Exception):
 @dataclass
 class ClientOptions:
     deadlines: Deadlines = field(default_factory=Deadlines)
-    api_key: str | None = None  # sent as a bearer token; never written anywhere
+    # Sent as a bearer token, and on /v1/messages also as Anthropic's x-api-key (dialect_headers); never written anywhere
+    api_key: str | None = None
     stream_extras: dict[str, Any] = field(default_factory=dict)  # engine-specific request fields
     include_usage: bool = True
 
@@ -265,10 +294,16 @@ class StreamClient:
             gc.freeze()
             self._frozen_at = now
 
-    def build_body(self, spec: RequestSpec) -> dict[str, Any]:
+    def build_body(self, spec: RequestSpec, dialect: Dialect | None = None) -> dict[str, Any]:
         body = dict(spec.body)
         body["stream"] = True
+        dialect = dialect or dialect_for(spec.endpoint)
+        if not dialect.engine_fields:
+            return body  # the engine's extra fields would not reach it on this endpoint (protocol/dialects/)
         extras = dict(self.options.stream_extras)
+        if not dialect.stream_options:  # usage always comes on this endpoint; stream_options is chat/completions'
+            extras.pop("stream_options", None)
+            return body | {k: v for k, v in extras.items() if k not in body}
         stream_options = {**(extras.pop("stream_options", None) or {}), **(body.get("stream_options") or {})}
         if self.options.include_usage:
             stream_options.setdefault("include_usage", True)
@@ -280,19 +315,22 @@ class StreamClient:
 
     async def send(self, spec: RequestSpec, scheduled_ns: int | None = None) -> RequestRecord:
         assert self._headers is not None, "use StreamClient as an async context manager"
-        body = self.build_body(spec)
+        dialect = dialect_for(spec.endpoint)
+        body = self.build_body(spec, dialect)
         payload = orjson.dumps(body)
         sampling = {k: body[k] for k in ("temperature", "top_p", "top_k", "seed", "ignore_eos", "min_tokens")
                     if k in body}
         record = RequestRecord(index=spec.index, tag=spec.tag, warmup=spec.warmup, endpoint=spec.endpoint,
-                               input_tokens=spec.input_tokens, max_tokens=body.get("max_tokens"),
+                               input_tokens=spec.input_tokens, max_tokens=body.get(dialect.max_tokens_field),
                                sampling=sampling, scheduled_ns=scheduled_ns, conversation=spec.conversation,
                                turn=spec.turn, t_send_ns=time.perf_counter_ns())
-        state = _StreamState(record.max_tokens if isinstance(record.max_tokens, int) else None)
+        state = _StreamState(record.max_tokens if isinstance(record.max_tokens, int) else None, dialect)
         key = id(record)
         self.in_flight[key] = (asyncio.current_task(), record, state)
         try:
-            await self._stream(payload, spec.endpoint, record, state, spec.headers)
+            headers = dialect_headers(dialect, self.options.api_key)
+            await self._stream(payload, spec.endpoint, record, state, {**headers, **spec.headers}
+                               if headers else spec.headers)
             record.ok = True
         except _Failure as f:
             record.error_kind, record.error_detail, record.http_status = f.kind, f.detail, f.status or \
@@ -456,6 +494,10 @@ class _StreamHandler:
         for ev in events:
             if state.on_event(ev.data, now_ns, ev.event):
                 return
+        if state.ends_with and not state.saw_done:
+            had = f" (its stop reason {state.finish_reason!r} had arrived)" if state.finish_reason else ""
+            raise _Failure("disconnect", f"connection closed after {state.events} events, before "
+                                         f"{state.ends_with}{had}")
         if state.finish_reason is None:
             raise _Failure("disconnect", f"connection closed after {state.events} events, before any "
                                          "finish_reason or [DONE]")

@@ -22,8 +22,9 @@ from servelab.bench.slo import parse_slos
 from servelab.bench.state import BenchOptions
 from servelab.bench.steady import SteadyRule
 from servelab.bench.workers import parse_workers
-from servelab.bench.workloads import (CHAT, COMPLETIONS, DATASET_FORMATS, OutputSpec, SharedPrefixWorkload,
+from servelab.bench.workloads import (CHAT, DATASET_FORMATS, OutputSpec, SharedPrefixWorkload,
                                       SyntheticWorkload, Workload, load_dataset, parse_length)
+from servelab.bench.workloads.base import STREAM_ENDPOINTS
 from servelab.errors import UserError
 
 DEFAULT_LEVEL_DURATION_S = 10.0
@@ -41,8 +42,9 @@ MAX_SCHEDULED = 10_000_000  # requests one open-loop level may schedule (the sch
 def build_options(a: BenchArgs) -> BenchOptions:
     if a.mode not in MODES:
         raise UserError(f"unknown mode '{a.mode}'", hint=f"use --mode {', '.join(MODES)}")
-    if a.endpoint not in (None, "chat", "completions"):
-        raise UserError(f"unknown endpoint '{a.endpoint}'", hint="use --endpoint chat or --endpoint completions")
+    if a.endpoint not in (None, *STREAM_ENDPOINTS):
+        raise UserError(f"unknown endpoint '{a.endpoint}'", hint="use --endpoint chat, completions, responses or "
+                                                                   "messages")
     _positive(requests=a.requests, duration=a.duration, max_tokens=a.max_tokens,
               max_concurrency=a.max_concurrency, concurrency=a.concurrency, prefix_groups=a.prefix_groups,
               prefix_tokens=a.prefix_tokens, prefix_group_size=a.prefix_group_size, min_tokens=a.min_tokens,
@@ -213,7 +215,7 @@ def build_plan(a: BenchArgs, slos) -> LoadPlan:
 
 
 def build_workload(a: BenchArgs):
-    endpoint = COMPLETIONS if a.endpoint == "completions" else CHAT
+    endpoint = STREAM_ENDPOINTS.get(a.endpoint or "chat", CHAT)
     output = OutputSpec(max_tokens=a.max_tokens, ignore_eos=a.ignore_eos, min_tokens=a.min_tokens)
     if a.mode in ("multiturn", "replay"):
         from servelab.bench.workloads.multi import build_multi_workload

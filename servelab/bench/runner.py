@@ -41,6 +41,7 @@ from servelab.engines.detect import detect_engine_config
 from servelab.errors import UserError
 from servelab.host.environment import EnvironmentSampler, is_local_host
 from servelab.net import check_credentials, ensure_reachable, normalize_base_url
+from servelab.protocol.dialects import dialect_for
 from servelab.records import BenchResult, Figure, RequestRecord, Summary
 
 __all__ = ["BenchOptions", "BenchState", "BenchStopped", "bench", "headline"]
@@ -112,7 +113,7 @@ async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
     adapter, config = await detect_engine_config(session, url)
     if adapter is not None:
         state.engine = adapter.name
-        state.accepts_ignore_eos = adapter.accepts_ignore_eos
+        state.accepts_ignore_eos = adapter.accepts_ignore_eos and engine_fields_reach(state)
         state.server_slots = adapter.slots(config)
     option = state.options.tokenizer
     if option == "auto":
@@ -125,9 +126,15 @@ async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
 async def prepare_workload(state: BenchState, session: aiohttp.ClientSession) -> None:
     """Read files and measure prompts before any request is timed."""
     adapter = get_engine(state.engine) if state.engine else None
-    state.accepts_min_tokens = adapter.accepts_min_tokens if adapter else False
+    state.accepts_min_tokens = adapter.accepts_min_tokens and engine_fields_reach(state) if adapter else False
     counter = counter_for(state.engine, session, state.url, model=state.model)
     await state.options.workload.prepare(counter, needed=planned_requests(state))
+
+
+def engine_fields_reach(state: BenchState) -> bool:
+    """Whether the engine's own request fields (ignore_eos, min_tokens) reach it on the workload's endpoint: not on
+    /v1/messages, whose converters in llama.cpp and vLLM keep only Anthropic's fields (protocol/dialects/)."""
+    return dialect_for(getattr(state.options.workload, "endpoint", "/v1/chat/completions")).engine_fields
 
 
 def planned_requests(state: BenchState) -> int | None:

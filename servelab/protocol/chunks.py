@@ -44,6 +44,7 @@ class ChunkView:
     has_choices: bool = False
     error: str | None = None
     cache_n: int | None = None  # llama.cpp's timings.cache_n: prompt tokens served from its cache
+    end: bool = False  # the event that ends a complete stream, where a dialect has one (protocol/dialects/)
 
 
 def parse_usage(obj: Any) -> Usage | None:

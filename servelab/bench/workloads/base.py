@@ -12,9 +12,13 @@ from typing import Any, Protocol
 
 from servelab.bench.client import RequestSpec
 from servelab.bench.workloads.prompt_tokens import PromptTokenCounter
+from servelab.protocol.dialects import dialect_for
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"  # OpenAI's Responses API (protocol/dialects/responses.py)
+MESSAGES = "/v1/messages"  # Anthropic's Messages API (protocol/dialects/messages.py)
+STREAM_ENDPOINTS = {"chat": CHAT, "completions": COMPLETIONS, "responses": RESPONSES, "messages": MESSAGES}
 
 Messages = list[dict[str, Any]]
 
@@ -45,29 +49,39 @@ class OutputSpec:
 def build_body(model: str, endpoint: str, content: str | Messages, output: OutputSpec, *,
                max_tokens: int | None = None, accepts_ignore_eos: bool = False,
                accepts_min_tokens: bool = False) -> dict[str, Any]:
-    """An OpenAI request body (without the streaming fields, which the client adds).
+    """The request body in the endpoint's dialect (without the streaming fields, which the client adds).
 
-    `content` is a prompt string or chat messages; a prompt sent to the chat endpoint becomes one user message.
-    `max_tokens` overrides the spec's (a dataset line's own length); `min_tokens` never exceeds it.
+    `content` is a prompt string or chat messages; a prompt sent to a chat-like endpoint (chat, Responses,
+    Messages) becomes one user message, and the dialect shapes the messages (Responses: `input`; Messages:
+    `messages` with the system prompt apart in `system`) and names the length bound (`max_tokens`, or the
+    Responses API's `max_output_tokens`). `max_tokens` overrides the spec's (a dataset line's own length);
+    `min_tokens` never exceeds it. ignore_eos and min_tokens go only where the dialect carries engine fields.
     """
+    dialect = dialect_for(endpoint)
     limit = max_tokens if max_tokens is not None else output.max_tokens
-    body: dict[str, Any] = {"model": model, "max_tokens": limit, "temperature": output.temperature}
-    if endpoint.endswith("/chat/completions"):
-        body["messages"] = content if isinstance(content, list) else [{"role": "user", "content": content}]
-    else:
+    body: dict[str, Any] = {"model": model, dialect.max_tokens_field: limit, "temperature": output.temperature}
+    if dialect.takes_prompt:
         if isinstance(content, list):
             raise ValueError("chat messages cannot be sent to the completions endpoint")
         body["prompt"] = content
-    if output.ignore_eos and accepts_ignore_eos:
+    else:
+        body.update(dialect.content_fields(content if isinstance(content, list)
+                                           else [{"role": "user", "content": content}]))
+    if output.ignore_eos and accepts_ignore_eos and dialect.engine_fields:
         body["ignore_eos"] = True
-    if output.min_tokens is not None and accepts_min_tokens:
+    if output.min_tokens is not None and accepts_min_tokens and dialect.engine_fields:
         body["min_tokens"] = min(output.min_tokens, limit)
     return body
 
 
+def takes_messages(endpoint: str) -> bool:
+    """Whether the endpoint takes chat messages (chat, Responses, Messages) and applies the chat template."""
+    return not dialect_for(endpoint).takes_prompt
+
+
 def chat_or_prompt(endpoint: str, text: str) -> str | Messages:
     """What a prompt text becomes on `endpoint`: what the server's template (or not) is applied to."""
-    return [{"role": "user", "content": text}] if endpoint.endswith("/chat/completions") else text
+    return [{"role": "user", "content": text}] if takes_messages(endpoint) else text
 
 
 class WorkloadSource(Protocol):

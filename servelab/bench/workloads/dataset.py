@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.bench.client import RequestSpec
-from servelab.bench.workloads.base import CHAT, Messages, OutputSpec, build_body
+from servelab.bench.workloads.base import CHAT, Messages, OutputSpec, build_body, takes_messages
 from servelab.bench.workloads.prompt_tokens import PromptTokenCounter
 from servelab.errors import UserError
 
@@ -68,7 +68,7 @@ class DatasetWorkload:
             raise UserError(f"{self.path}: no usable prompts in this {self.format} file"
                             + (" (none has an answer to take the output length from)"
                                if self.output_from_dataset else ""))
-        if not self.endpoint.endswith("/chat/completions"):
+        if not takes_messages(self.endpoint):
             chat = next((it for it in self.items if isinstance(it.content, list)), None)
             if chat is not None:
                 raise UserError(f"{chat.where}: chat messages cannot be sent to the completions endpoint",
@@ -93,8 +93,8 @@ class DatasetWorkload:
 
         async def count(it: DatasetItem) -> None:
             async with slots:
-                content = it.content if isinstance(it.content, list) or not self.endpoint.endswith(
-                    "/chat/completions") else [{"role": "user", "content": it.content}]
+                content = it.content if isinstance(it.content, list) or not takes_messages(self.endpoint) \
+                    else [{"role": "user", "content": it.content}]
                 it.input_tokens = await counter.count_prompt_tokens(content)
                 if self.output_from_dataset and it.max_tokens is None and it.reference_output is not None:
                     it.reference_tokens = max(1, await counter.count_text_tokens(it.reference_output))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servelab.bench.workloads.base import CHAT, COMPLETIONS, OutputSpec
+from servelab.bench.workloads.base import CHAT, COMPLETIONS, STREAM_ENDPOINTS, OutputSpec
 from servelab.bench.workloads.conversations import (HISTORIES, ConversationWorkload, SyntheticConversations,
                                                     ThinkTime, load_jsonl_conversations, load_sharegpt_conversations)
 from servelab.bench.workloads.lengths import parse_length
@@ -107,4 +107,5 @@ def _trace(a, output: OutputSpec) -> TraceWorkload:
     fmt, entries = parse_trace(a.dataset, a.dataset_format)
     return TraceWorkload(entries=entries, path=a.dataset, format=fmt, time_scale=a.time_scale,
                          block_tokens=a.block_tokens or MOONCAKE_BLOCK_TOKENS,
-                         endpoint=CHAT if a.endpoint == "chat" else COMPLETIONS, output=output, seed=a.seed)
+                         endpoint=STREAM_ENDPOINTS.get(a.endpoint or "completions", COMPLETIONS), output=output,
+                         seed=a.seed)
