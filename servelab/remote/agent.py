@@ -7,8 +7,8 @@
     servelab remote pack DIR PATH               a tar of DIR/PATH on stdout, its manifest (SHA-256 of each file) last
 
 A job lives in its own directory under the root (default ~/.servelab/remote, or --root): job.json (what to run,
-the disconnect policy), events.jsonl (protocol.py), controller.alive (touched by every follower, once a second:
-its age is how long the controller has been gone), stop.request (a line per stop asked), worker.pid.
+the disconnect policy), events.jsonl (protocol.py), controller.alive (touched by a follower once a second while
+its controller says it is there: its age is how long the controller has been gone), stop.request (a line per stop asked), worker.pid.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -133,30 +134,35 @@ def follow(
     job_dir: Annotated[Path, typer.Argument(help="The job directory `start` printed.")],
     offset: Annotated[int, typer.Option(help="Byte offset in events.jsonl to resume from.")] = 0,
 ) -> None:
-    """Stream the job's events from `offset` until its exit line; meanwhile keep the controller alive."""
+    """Stream the job's events from `offset` until its exit line; while the controller says it is there (its
+    "alive" lines on stdin), keep controller.alive fresh."""
     events = job_dir / "events.jsonl"
     if not events.exists():
         _fail(f"no job at {job_dir} on {socket.gethostname()} (gone after a reboot, or cleaned up?)")
     out = sys.stdout.buffer
-    stop_file = job_dir / "stop.request"
+    alive = job_dir / "controller.alive"
+    _touch(alive)  # the controller has just connected
 
-    def relay_stdin() -> None:  # the controller's requests: a line "stop" per Ctrl-C
+    def relay_stdin() -> None:
+        """The controller's lines: "alive" every second or so, "stop" per Ctrl-C. Only they keep the controller
+        alive, not this follower's own life: over a link gone silent (a laptop asleep, a cable cut without a FIN)
+        it goes on writing into the connection's buffers, long after anybody reads them."""
+        last_touch = time.monotonic()
         for line in sys.stdin:
+            now = time.monotonic()
+            if now - last_touch >= TOUCH_EVERY_S:
+                _touch(alive)
+                last_touch = now
             if line.strip() == "stop":
-                with open(stop_file, "a") as f:
-                    f.write(f"{time.time()}\n")
+                _request_stop(job_dir)
     threading.Thread(target=relay_stdin, daemon=True).start()
 
-    alive = job_dir / "controller.alive"
-    last_touch = last_sent = 0.0
+    last_sent = 0.0
     pending = b""
     with open(events, "rb") as f:
         f.seek(offset)
         while True:
             now = time.monotonic()
-            if now - last_touch >= TOUCH_EVERY_S:
-                _touch(alive)
-                last_touch = now
             chunk = f.read(1 << 16)
             if chunk:
                 pending += chunk
@@ -200,8 +206,18 @@ def stop(job_dir: Annotated[Path, typer.Argument(help="The job directory.")]) ->
     """Ask the job to stop, as Ctrl-C would."""
     if not (job_dir / "job.json").exists():
         _fail(f"no job at {job_dir}")
-    with open(job_dir / "stop.request", "a") as f:
-        f.write(f"{time.time()}\n")
+    _request_stop(job_dir)
+
+
+def _request_stop(job_dir: Path) -> None:
+    """A line in stop.request, which the worker's watch turns into its Ctrl-C; where that line cannot be written
+    (a full disk), the SIGINT itself, so that a stop is never lost."""
+    try:
+        with open(job_dir / "stop.request", "a") as f:
+            f.write(f"{time.time()}\n")
+    except OSError:
+        if worker_alive(job_dir):
+            os.kill(int((job_dir / "worker.pid").read_text()), signal.SIGINT)
 
 
 def _digest(path: Path) -> tuple[str, int]:

@@ -30,6 +30,7 @@ from servelab.remote.protocol import BEAT_S, compatibility, decode
 
 SILENT_LIMIT_S = 4 * BEAT_S  # a follower that sent nothing, not even a beat, for this long is on a dead link
 RECONNECT_EVERY_S = 1.0
+ALIVE_EVERY_S = 1.0  # how often the follower there hears that this side is still here
 
 
 @dataclass
@@ -145,8 +146,12 @@ class RemoteJob:
         if self.stop_requested:
             self._send_stop(proc)
         last_heard = time.monotonic()
+        last_said = 0.0
         try:
             while True:
+                if time.monotonic() - last_said >= ALIVE_EVERY_S:  # what keeps the engine up there (agent.follow)
+                    self._say(proc, b"alive\n")
+                    last_said = time.monotonic()
                 try:
                     raw = lines.get(timeout=0.2)
                 except queue.Empty:
@@ -192,12 +197,16 @@ class RemoteJob:
                     pipe.close()
 
     def _send_stop(self, proc: subprocess.Popen) -> None:
+        self._say(proc, b"stop\n")  # when the link is going, the stop is sent again once it is back
+
+    @staticmethod
+    def _say(proc: subprocess.Popen, line: bytes) -> None:
         try:
             assert proc.stdin is not None
-            proc.stdin.write(b"stop\n")
+            proc.stdin.write(line)
             proc.stdin.flush()
         except (OSError, AssertionError):
-            pass  # the link is going: the stop is sent again once it is back
+            pass
 
     def _reconnect(self, on_note: Callable[[str], None]) -> None:
         """Back within the grace period, or UserError saying what became of the engine."""
