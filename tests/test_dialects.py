@@ -255,3 +255,11 @@ def test_pings_are_not_events_and_do_not_hold_the_idle_deadline_off():
     assert records[1].error_kind == "timeout_idle", records[1].error_detail
     waited_s = (records[1].t_end_ns - records[1].t_send_ns) / NS_PER_S
     assert 0.5 <= waited_s < 1.4  # the idle deadline, not the 1.5 s of pings
+
+
+def test_an_experiment_may_bench_either_api():
+    from servelab.experiment.model import BenchSettings
+
+    single, sweep = BenchSettings(endpoint="messages").options("m")
+    assert single.workload.endpoint == sweep.workload.endpoint == MESSAGES
+    assert BenchSettings(endpoint="responses").options("m")[0].workload.endpoint == RESPONSES

@@ -23,7 +23,8 @@ from servelab.bench.workload import Workload
 from servelab.engines import REGISTRY, EngineSpec
 from servelab.experiment.contention import ContentionPolicy
 
-ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses",
+             "messages": "/v1/messages"}  # streamed: protocol/dialects/
 _VALID_STEPS: set[str] = set()  # steps (with the settings they were checked under) already found valid
 
 
@@ -219,7 +220,7 @@ class BenchSettings(Strict):
     max_tokens: int = Field(128, ge=1)
     temperature: float = Field(0.0, ge=0)
     ignore_eos: bool = True
-    endpoint: Literal["chat", "completions"] = "chat"
+    endpoint: Literal["chat", "completions", "responses", "messages"] = "chat"
     level_duration_s: float = Field(10.0, gt=0)
     max_concurrency: int = Field(32, ge=1)
     sweep: bool = True  # False: single-stream only
