@@ -43,6 +43,7 @@ from servelab.protocol.dialects import Dialect, dialect_for
 from servelab.protocol.http1 import HTTPError, Origin, build_request, open_exchange
 from servelab.protocol.sse import SSEDecodeError, SSEParser
 from servelab.bench.tokens import RawChunk, count_tokens
+from servelab.bench.tool_calls import ToolCallJoiner, judge_answer
 from servelab.records import ErrorKind, RequestRecord, Usage
 
 _EXCERPT = 300
@@ -78,6 +79,11 @@ class RequestSpec:
     headers: dict[str, str] = field(default_factory=dict)  # per-request headers (e.g. a calibration id)
     conversation: int | None = None  # multi-turn workloads: the conversation and its turn (1-based)
     turn: int | None = None
+    images: int | None = None  # chat with images: how many the request carries and their pixels, summed
+    image_pixels: int | None = None
+    # A non-streamed request (embeddings, rerank): what a right answer holds, e.g. {"kind": "embeddings",
+    # "items": 4, "dimension": 576}; bench/unary_client.py sends it and checks the answer. None: a stream.
+    expect: dict[str, Any] | None = None
 
 
 class _StreamState:
@@ -85,7 +91,7 @@ class _StreamState:
     ~10x more, and this is touched once per event."""
 
     __slots__ = ("chunks", "usage", "finish_reason", "events", "saw_done", "last_event_ns", "max_count",
-                 "max_tokens", "cache_n", "read", "merge_usage", "ends_with", "what")
+                 "max_tokens", "cache_n", "read", "merge_usage", "ends_with", "what", "tools", "finish_ns")
 
     def __init__(self, max_tokens: int | None = None, dialect: Dialect | None = None) -> None:
         dialect = dialect or dialect_for("/v1/chat/completions")
@@ -100,6 +106,8 @@ class _StreamState:
         self.max_tokens = max_tokens
         self.max_count = plausible_token_bound(max_tokens)
         self.cache_n: int | None = None  # llama.cpp's timings.cache_n: prompt tokens reused from its cache
+        self.tools: ToolCallJoiner | None = None  # the stream's tool calls, once a delta carried one
+        self.finish_ns: int | None = None  # when the event that carried the first finish_reason arrived
 
     def on_event(self, data: str, now_ns: int, event: str | None = None) -> bool:
         """Handle one SSE event; True when the stream is finished ([DONE], or the dialect's end event)."""
@@ -134,12 +142,20 @@ class _StreamState:
             self.usage = view.usage if merge is None or self.usage is None else merge(self.usage, view.usage)
         if view.finish_reason is not None:
             self.finish_reason = view.finish_reason
+            if self.finish_ns is None:
+                self.finish_ns = now_ns
         if view.cache_n is not None:
             self.cache_n = view.cache_n
         count = view.running_count
         if count is not None and not 0 <= count <= self.max_count:
             raise _Failure("parse", self._implausible("running token count", count))
-        if view.answer or view.reasoning or count is not None:
+        pieces = view.tool_calls
+        if pieces is not None:
+            if self.tools is None:
+                self.tools = ToolCallJoiner()
+            self.tools.add(pieces, now_ns)
+            self.chunks.append(RawChunk(now_ns, view.answer, view.reasoning, count, True))
+        elif view.answer or view.reasoning or count is not None:
             self.chunks.append(RawChunk(now_ns, view.answer, view.reasoning, count))
         if view.end:
             self.saw_done = True
@@ -323,7 +339,8 @@ class StreamClient:
         record = RequestRecord(index=spec.index, tag=spec.tag, warmup=spec.warmup, endpoint=spec.endpoint,
                                input_tokens=spec.input_tokens, max_tokens=body.get(dialect.max_tokens_field),
                                sampling=sampling, scheduled_ns=scheduled_ns, conversation=spec.conversation,
-                               turn=spec.turn, t_send_ns=time.perf_counter_ns())
+                               turn=spec.turn, images=spec.images, image_pixels=spec.image_pixels,
+                               t_send_ns=time.perf_counter_ns())
         state = _StreamState(record.max_tokens if isinstance(record.max_tokens, int) else None, dialect)
         key = id(record)
         self.in_flight[key] = (asyncio.current_task(), record, state)
@@ -348,6 +365,7 @@ class StreamClient:
             raise
         self.in_flight.pop(key, None)
         _finish_record(record, state)
+        judge_answer(record, body, state.tools, state.finish_ns)  # tools and structured output, when declared
         self._keep_collector_pauses_short()
         return record
 

@@ -25,6 +25,9 @@ class RawChunk(NamedTuple):
     answer: str
     reasoning: str
     running_count: int | None
+    # the chunk carried tool-call pieces (delta.tool_calls): its tokens are the call's, counted with the answer's
+    # but with no text of their own (docs/metrics.md#tool-calls)
+    tool: bool = False
 
 
 def count_tokens(chunks: list[RawChunk], usage: Usage | None) -> tuple[list[TokenEvent], CountMethod]:
@@ -35,7 +38,7 @@ def count_tokens(chunks: list[RawChunk], usage: Usage | None) -> tuple[list[Toke
 
 
 def _from_running_counts(chunks: list[RawChunk], usage: Usage | None) -> list[TokenEvent] | None:
-    text_chunks = [c for c in chunks if c.answer or c.reasoning]
+    text_chunks = [c for c in chunks if c.answer or c.reasoning or c.tool]
     if not text_chunks or any(c.running_count is None for c in text_chunks):
         return None
     events: list[TokenEvent] = []
@@ -58,6 +61,9 @@ def _from_running_counts(chunks: list[RawChunk], usage: Usage | None) -> list[To
         elif c.reasoning or c.answer:
             last_kind = "reasoning" if c.reasoning else "answer"
             events.append(TokenEvent(t_ns=c.t_ns, kind=last_kind, tokens=increase, text=c.reasoning or c.answer))
+        elif c.tool:
+            last_kind = "answer"
+            events.append(TokenEvent(t_ns=c.t_ns, kind="answer", tokens=increase, text=""))
         elif increase > 0:
             events.append(TokenEvent(t_ns=c.t_ns, kind=last_kind, tokens=increase, text=""))
     final = usage.completion_tokens if usage else None
@@ -74,6 +80,8 @@ def _one_per_chunk(chunks: list[RawChunk]) -> list[TokenEvent]:
             events.append(TokenEvent(t_ns=c.t_ns, kind="reasoning", tokens=1, text=c.reasoning))
         if c.answer:
             events.append(TokenEvent(t_ns=c.t_ns, kind="answer", tokens=1, text=c.answer))
+        elif c.tool:  # a tool-call piece: one token, as a text chunk is one, and no text
+            events.append(TokenEvent(t_ns=c.t_ns, kind="answer", tokens=1, text=""))
     return events
 
 
@@ -98,7 +106,8 @@ def assign_tokens(event_texts: list[str], token_ends: list[int]) -> list[int]:
 async def recount_with_tokenizer(records: list[RequestRecord], tokenizer: Tokenizer) -> int:
     """Replace one-per-chunk counts by the tokenizer's, for every record that has nothing better.
     Returns how many records were recounted."""
-    todo = [r for r in records if r.count_method == "chunk_count" and r.events]
+    # A tool-call answer keeps its one-per-piece count: its tokens are the call's, which no text here holds.
+    todo = [r for r in records if r.count_method == "chunk_count" and r.events and not r.tool_calls]
     if not todo:
         return 0
     texts: list[str] = []

@@ -11,7 +11,8 @@ Engines differ in small ways that decide whether numbers are right (shared/resea
 - llama.cpp puts the prompt tokens it reused from its cache in `timings.cache_n` (on the last chunk, and on every
   chunk with `timings_per_token`); builds that also send `usage.prompt_tokens_details.cached_tokens` say the same
   there (tools/server/server-task.cpp), and the usage wins when both are present;
-- an error can arrive inside a 200 stream as `{"error": {...}}`.
+- an error can arrive inside a 200 stream as `{"error": {...}}`;
+- a streamed tool call arrives as `choices[].delta.tool_calls` pieces, kept as sent for the client to join.
 
 A chunk that is JSON but not a chunk (`"abc"`, `{"choices": [1]}`, `choices` that is not a list) raises
 MalformedChunk: the client records that one request as a `parse` failure, and the run goes on.
@@ -45,6 +46,9 @@ class ChunkView:
     error: str | None = None
     cache_n: int | None = None  # llama.cpp's timings.cache_n: prompt tokens served from its cache
     end: bool = False  # the event that ends a complete stream, where a dialect has one (protocol/dialects/)
+    # The chat delta's `tool_calls` pieces as sent (a list: each with its `index`, the first of a call with `id`,
+    # `type` and `function.name`, then `function.arguments` fragments); the client joins them (bench/tool_calls.py)
+    tool_calls: list | None = None
 
 
 def parse_usage(obj: Any) -> Usage | None:
@@ -92,7 +96,7 @@ def read_chunk(obj: Any) -> ChunkView:
     if not choices and "error" in obj:
         return ChunkView(error=error_message(obj["error"]))
     answer = reasoning = ""
-    finish_reason = None
+    finish_reason = tool_calls = None
     if choices:
         if choices.__class__ is not list:
             raise MalformedChunk(f"the chunk's `choices` is not a list: {_excerpt(choices)}")
@@ -109,6 +113,11 @@ def read_chunk(obj: Any) -> ChunkView:
                 r = delta.get("reasoning")
             if r.__class__ is str:
                 reasoning = r
+            pieces = delta.get("tool_calls")
+            if pieces:
+                if pieces.__class__ is not list:
+                    raise MalformedChunk(f"the chunk's delta.tool_calls is not a list: {_excerpt(pieces)}")
+                tool_calls = pieces
         else:
             text = choice.get("text")
             if isinstance(text, str):
@@ -132,4 +141,5 @@ def read_chunk(obj: Any) -> ChunkView:
         # Usage on a chunk that still has choices: a running count (continuous_usage_stats) or the final count on
         # the last chunk. The counting pass below tells the two apart by whether every chunk had one.
         running_count = usage.completion_tokens
-    return ChunkView(answer, reasoning, finish_reason, usage, running_count, bool(choices), None, cache_n)
+    return ChunkView(answer, reasoning, finish_reason, usage, running_count, bool(choices), None, cache_n,
+                     tool_calls=tool_calls)
