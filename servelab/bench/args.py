@@ -62,6 +62,16 @@ class BenchArgs:
     prefix_groups: int | None = option(None, "Shared-prefix prompts: number of groups.")
     prefix_tokens: int | None = option(None, "Shared-prefix prompts: tokens each group shares.")
     prefix_group_size: int = option(8, "Shared-prefix prompts: consecutive requests per group.")
+    # Chat with images (bench/workloads/images.py): synthetic images added to each request's user message.
+    images: str | None = option(None, "Synthetic images per chat request, added after the text: N, or a list "
+                                      "(0,1,4) that requests take in turn. A JSONL --dataset's lines may name "
+                                      "their own instead (\"images\": [paths]).")
+    image_size: str = option("224x224", "Synthetic images' size in pixels: WxH, or a list (224x224,1024x768) taken "
+                                        "in turn after every --images count.")
+    image_url: str = option("data", "How images are sent: data (base64 data URLs) or file (file:// URLs into "
+                                    "--image-dir, which the server must read: llama.cpp --media-path).")
+    image_dir: Path | None = option(None, "--image-url file: the directory images are written to, as the server "
+                                          "names it.")
     # Multi-turn conversations and trace replay (bench/modes/multiturn.py, replay.py)
     users: int | None = option(None, "multiturn, closed loop: simulated users, each walking through conversations "
                                      "(default 1).")
@@ -126,7 +136,7 @@ class BenchArgs:
 
 
 # Options the command line takes as text that a Python value or a YAML file may give as numbers, lists or a mapping.
-_NUMBER_AS_TEXT = ("rate", "input_tokens", "workers", "think_time")
+_NUMBER_AS_TEXT = ("rate", "input_tokens", "workers", "think_time", "images")
 
 
 def as_command_text(options: dict[str, Any]) -> dict[str, Any]:

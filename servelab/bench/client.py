@@ -223,7 +223,7 @@ class _Failure(Exception):
 @dataclass
 class ClientOptions:
     deadlines: Deadlines = field(default_factory=Deadlines)
-    # Sent as a bearer token, and on /v1/messages also as Anthropic's x-api-key (dialect_headers); never written anywhere
+    # Sent as a bearer token, on /v1/messages also as Anthropic's x-api-key (dialect_headers); never written anywhere
     api_key: str | None = None
     stream_extras: dict[str, Any] = field(default_factory=dict)  # engine-specific request fields
     include_usage: bool = True

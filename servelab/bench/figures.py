@@ -155,6 +155,34 @@ LEVEL_FIGURES: tuple[LevelFigure, ...] = (
          csv=(20, "stats")),
     _fig("ttft_uncached_ms", "ms", LOWER, "ttft-by-cache", REQUESTS, headline="p50", counts_tokens=False,
          csv=(21, "stats")),
+    # Only on a level of chat with images (bench/image_figures.py; docs/metrics.md#images).
+    _fig("images_per_request", "images", NEITHER, "images-per-request", REQUESTS, headline="mean",
+         counts_tokens=False, csv=(30, "stats")),
+    _fig("image_megapixels", "MP", NEITHER, "image-megapixels", REQUESTS, headline="mean", counts_tokens=False,
+         csv=(31, "stats")),
+    _fig("ttft_image_ms", "ms", LOWER, "ttft-by-images", REQUESTS, headline="p50", counts_tokens=False,
+         csv=(32, "stats")),
+    _fig("ttft_text_ms", "ms", LOWER, "ttft-by-images", REQUESTS, headline="p50", counts_tokens=False,
+         csv=(33, "stats")),
+    # Only on a level of non-streamed requests (embeddings, rerank; docs/metrics.md#non-streamed). Their CSV
+    # columns follow the GPU figures'.
+    _fig("items_s", "items/s", HIGHER, "items-s", RATE, counts_tokens=False, csv=(28, "value"), applies="unary",
+         unary_terminal=(TerminalColumn("items/s"),)),
+    _fig("input_tok_s", "tok/s", HIGHER, "input-tok-s", RATE, counts_tokens=False, csv=(29, "value"),
+         applies="unary", unary_terminal=(TerminalColumn("input\ntok/s"),)),
+    # Only where requests declared tools or asked for a response format (bench/answer_figures.py;
+    # docs/metrics.md#tool-calls, #structured-output).
+    _fig("tool_first_ms", "ms", LOWER, "tool-first", REQUESTS, headline="p50", counts_tokens=False,
+         csv=(34, "stats")),
+    _fig("tool_call_ms", "ms", LOWER, "tool-call", REQUESTS, headline="p50", counts_tokens=False,
+         csv=(35, "stats")),
+    _fig("tool_call_share", "fraction", NEITHER, "tool-call-share", RATIO, counts_tokens=False, csv=(36, "value")),
+    _fig("tool_parse_share", "fraction", HIGHER, "tool-parse-share", RATIO, counts_tokens=False,
+         csv=(37, "value")),
+    _fig("tool_valid_share", "fraction", HIGHER, "tool-valid-share", RATIO, counts_tokens=False,
+         csv=(38, "value")),
+    _fig("schema_valid_share", "fraction", HIGHER, "schema-valid-share", RATIO, counts_tokens=False,
+         csv=(39, "value")),
 )
 
 TELEMETRY = Pooling.TELEMETRY

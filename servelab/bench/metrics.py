@@ -14,6 +14,7 @@ from functools import cached_property
 
 from servelab.bench.cache_figures import cache_figures
 from servelab.bench.figures import FIGURES, LEVEL_FIGURES, LevelFigure
+from servelab.bench.image_figures import image_figures
 # Re-exported (`x as x`): compare, the exports, the charts, the load modes and the benchmarks read the per-request
 # quantities, the percentile and the tally's constructor through this module.
 from servelab.bench.request_figures import NS_PER_MS as NS_PER_MS
@@ -81,7 +82,7 @@ def summarize(records: Sequence[RequestRecord] | LevelTally, *, tag: str, mode: 
                         "and no tokenizer was used; token figures are approximate")
     return Summary(tag=tag, mode=mode, concurrency=concurrency, requests=measured, ok=ok, failed=failed,
                    cancelled=cancelled, errors=dict(tally.errors), window_s=level.window_s, figures=figures,
-                   warnings=warnings, turns=turns)
+                   warnings=warnings, turns=turns, images=level.images[1])
 
 
 class LevelInputs:
@@ -105,6 +106,17 @@ class LevelInputs:
         """(figures, per-turn figures) of the prefix cache (bench/cache_figures.py), from one compact row per
         successful request."""
         return cache_figures(self.tally.cache_rows, total=self.tally.ok)
+
+    @cached_property
+    def answers(self) -> dict[str, Figure]:
+        """Tool-call and structured-output figures (bench/answer_figures.py), from the rows of the requests that
+        declared tools or asked for a response format."""
+        return answer_figures(self.tally.tool_rows, self.tally.schema_verdicts)
+
+    @cached_property
+    def images(self):
+        """(figures, per-group figures) of chat with images (bench/image_figures.py)."""
+        return image_figures(self.tally.image_rows)
 
 
 Measure = Callable[[LevelFigure, LevelInputs], Figure | None]  # None: the level has no such figure
@@ -157,6 +169,14 @@ def _from_cache(spec: LevelFigure, level: LevelInputs) -> Figure | None:
     return level.cache[0].get(spec.key)  # none when no request reported cached tokens
 
 
+def _from_answers(spec: LevelFigure, level: LevelInputs) -> Figure | None:
+    return level.answers.get(spec.key)  # none when no request declared tools or asked for a format
+
+
+def _from_images(spec: LevelFigure, level: LevelInputs) -> Figure | None:
+    return level.images[0].get(spec.key)  # none when no request carried an image
+
+
 # Each figure of bench/figures.py, by key: how it is computed from a level (tests/test_figures.py holds the two to
 # the same keys).
 MEASURES: dict[str, Measure] = {
@@ -181,6 +201,18 @@ MEASURES: dict[str, Measure] = {
     "cached_tokens": _from_cache,
     "ttft_cached_ms": _from_cache,
     "ttft_uncached_ms": _from_cache,
+    "tool_first_ms": _from_answers,
+    "tool_call_ms": _from_answers,
+    "tool_call_share": _from_answers,
+    "tool_parse_share": _from_answers,
+    "tool_valid_share": _from_answers,
+    "schema_valid_share": _from_answers,
+    "images_per_request": _from_images,
+    "image_megapixels": _from_images,
+    "ttft_image_ms": _from_images,
+    "ttft_text_ms": _from_images,
+    "items_s": _items_rate,
+    "input_tok_s": _input_token_rate,
 }
 
 

@@ -215,6 +215,17 @@ def build_plan(a: BenchArgs, slos) -> LoadPlan:
 
 
 def build_workload(a: BenchArgs):
+    from servelab.bench.workloads.answers import with_answer_options  # tools, structured output, when asked for
+
+    text = with_answer_options(build_text_workload(a), a)
+    from servelab.bench.workloads.images import with_images  # chat with images, when asked for or in the dataset
+
+    return with_images(text, a)
+
+
+def build_text_workload(a: BenchArgs):
+    if a.endpoint in UNARY_ENDPOINTS or a.batch_size is not None or a.documents is not None:
+        return build_unary_workload(a)  # embeddings, rerank: non-streamed (bench/workloads/unary.py)
     endpoint = STREAM_ENDPOINTS.get(a.endpoint or "chat", CHAT)
     output = OutputSpec(max_tokens=a.max_tokens, ignore_eos=a.ignore_eos, min_tokens=a.min_tokens)
     if a.mode in ("multiturn", "replay"):

@@ -36,7 +36,7 @@ class Dialect:
     # this endpoint: sent only where they are read, so a fixed output length is never assumed where it is ignored.
     engine_fields: bool
     stream_options: bool  # OpenAI's stream_options.include_usage: a chat/completions field, usage is always sent
-    # Chat messages in, the request's own fields out: {"messages": …} or {"input": …} or {"system": …, "messages": …}
+    # Chat messages in, the request's fields out: {"messages": …}, {"input": …}, {"system": …, "messages": …}
     content_fields: Callable[[list[dict[str, Any]]], dict[str, Any]]
     takes_prompt: bool = False  # a bare prompt string (completions) rather than chat messages
 
