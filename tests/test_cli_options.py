@@ -17,6 +17,7 @@ from servelab.cli_options import FLAG, option, options_from
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT_OPTIONS = ("out", "store", "csv", "keep_events_text", "as_json")  # where the run is kept, not how it runs
+REMOTE_OPTIONS = ("on", "remote_python", "remote_dir")  # where it runs (servelab/remote/), not how
 
 
 def bench_params():
@@ -27,7 +28,7 @@ def bench_params():
 def test_every_field_is_an_option_with_its_help_and_default():
     params = bench_params()
     fields = dataclasses.fields(BenchArgs)
-    assert [n for n in params if n not in ("url", *OUTPUT_OPTIONS)] == [f.name for f in fields]
+    assert [n for n in params if n not in ("url", *OUTPUT_OPTIONS, *REMOTE_OPTIONS)] == [f.name for f in fields]
     for f in fields:
         param, flag = params[f.name], f.metadata[FLAG]
         assert param.help == flag.help and param.help, f.name
