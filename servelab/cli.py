@@ -288,8 +288,7 @@ def bench_cmd(
 
     output = BenchOutput(out=out, store=store, csv=csv, keep_events_text=keep_events_text)
     args = BenchArgs(**bench_options)
-    options = build_options(args)  # refused here, before anything is started there
-    if on is not None:
+    if on is not None:  # checked there: its files (a dataset, a trace) are that host's
         from servelab.remote.commands import FORWARD_DROPS, forwarded_argv, remote_bench
         from servelab.store.db import default_store_path
 
@@ -299,6 +298,7 @@ def bench_cmd(
                                    store or default_store_path(local_out),
                                    env_secrets={"SERVELAB_API_KEY": args.api_key} if args.api_key else None)
         raise typer.Exit(code)
+    options = build_options(args)
     session = BenchSession.open(output, args.mode)  # a damaged store stops the run before it measures anything
     result = session.measure(url, options, _out_console(as_json))
     # The measurement is over: a further Ctrl-C waits until the results are written and printed (issue 27).
