@@ -219,7 +219,10 @@ def reasoning_records() -> list[RequestRecord]:
 def test_record_and_level_columns_keep_their_order_and_append_the_new_ones() -> None:
     assert RECORD_COLUMNS[:len(OLD_RECORD_COLUMNS)] == OLD_RECORD_COLUMNS
     assert RECORD_COLUMNS[len(OLD_RECORD_COLUMNS):] == ["answer_tokens", "usage_reasoning_tokens", "conversation",
-                                                        "turn"]
+                                                        "turn", "images", "image_pixels", "tool_calls",
+                                                        "tool_first_ms", "tool_call_ms", "tool_calls_parse",
+                                                        "tool_calls_valid", "tool_problem", "schema_valid",
+                                                        "schema_problem"]
     assert LEVEL_COLUMNS[:len(OLD_LEVEL_COLUMNS)] == OLD_LEVEL_COLUMNS
     assert LEVEL_COLUMNS[len(OLD_LEVEL_COLUMNS):] == (
         ["answer_tok_s", "reasoning_share", "cache_hit_ratio"]
@@ -228,7 +231,12 @@ def test_record_and_level_columns_keep_their_order_and_append_the_new_ones() -> 
         # what the GPUs did (docs/metrics.md#gpu): the GPU figures, then the level's GPU summary
         + ["j_per_output_token", "j_per_answer_token", "output_tokens_per_j", "gpu_power_w_mean",
            "gpu_sm_active_pct_mean", "gpu_idle_share", "gpu_measured", "gpu_reason", "gpu_source", "gpu_energy_j",
-           "gpu_power_w_max", "gpu_contended", "gpu_count"])
+           "gpu_power_w_max", "gpu_contended", "gpu_count"]
+        # non-streamed requests, images, tool calls and structured output: figures added after the GPU columns
+        + ["items_s", "input_tok_s"]
+        + [f"{name}_{stat}" for name in ["images_per_request", "image_megapixels", "ttft_image_ms", "ttft_text_ms",
+                                         "tool_first_ms", "tool_call_ms"] for stat in STATS]
+        + ["tool_call_share", "tool_parse_share", "tool_valid_share", "schema_valid_share"])
     assert len(set(RECORD_COLUMNS)) == len(RECORD_COLUMNS) and len(set(LEVEL_COLUMNS)) == len(LEVEL_COLUMNS)
 
 

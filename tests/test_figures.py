@@ -12,13 +12,14 @@ import re
 from pathlib import Path
 
 from servelab.bench import metrics
-from servelab.bench.figures import AGGREGATE_KEYS, FIGURES, LEVEL_FIGURES, WITHHELD_KEYS, Pooling, lookup
+from servelab.bench.figures import (AGGREGATE_KEYS, FIGURES, GPU_FIGURES, LEVEL_FIGURES, WITHHELD_KEYS, Pooling,
+                                    lookup)
 from servelab.bench.metrics import summarize
 from servelab.bench.slo import parse_slos
 from servelab.bench.steady import SteadyRule, apply, judge
 from servelab.bench.tally import LevelTally
 from servelab.bench.trials import pool_level
-from servelab.records import RequestRecord, TokenEvent, Usage
+from servelab.records import RequestRecord, TokenEvent, ToolCall, Usage
 from servelab.report.terminal import LEVEL_COLUMNS as TERMINAL_COLUMNS
 from servelab.store.export import LEVEL_COLUMNS as CSV_COLUMNS
 from servelab.store.export import STATS
@@ -32,7 +33,8 @@ SLOS = parse_slos("ttft_p99_ms=500,itl_p99_ms=50")
 
 def records(trial: int, n: int = 12) -> list[RequestRecord]:
     """`n` requests 100 ms apart, each with every kind of figure in it: reasoning then answer tokens, a schedule
-    (client lag), cached prompt tokens and a conversation turn."""
+    (client lag), cached prompt tokens, a conversation turn, 0, 1 or 2 images, tool calls (every other request)
+    and an answer judged against a schema."""
     out = []
     for i in range(n):
         send = T0 + i * 100 * MS
@@ -43,7 +45,11 @@ def records(trial: int, n: int = 12) -> list[RequestRecord]:
             index=i, trial=trial, tag="c2", endpoint="/v1/chat/completions", t_send_ns=send,
             scheduled_ns=send - MS, t_end_ns=events[-1].t_ns + MS, events=events, count_method="server_per_chunk",
             chunks=len(events), saw_done=True, ok=True, finish_reason="stop", input_tokens=100,
-            conversation=i // 3, turn=i % 3 + 1,
+            conversation=i // 3, turn=i % 3 + 1, images=i % 3, image_pixels=i % 3 * 224 * 224,
+            tool_calls=[ToolCall(index=0, name="f", arguments="{}")] if i % 2 else [],
+            t_first_tool_ns=send + 25 * MS if i % 2 else None, t_tool_done_ns=send + 40 * MS if i % 2 else None,
+            tool_calls_parse=True if i % 2 else None, tool_calls_valid=i % 4 == 1 if i % 2 else None,
+            schema_valid=i % 3 == 0,
             usage=Usage(prompt_tokens=100, completion_tokens=len(events), cached_tokens=80 if i % 2 else 10)))
     return out
 
@@ -56,7 +62,8 @@ def level(trial: int):
 
 def test_summarize_makes_the_figures_of_the_table_in_its_order_each_with_its_unit_and_anchor() -> None:
     summary, _ = level(0)
-    assert list(summary.figures) == [f.key for f in LEVEL_FIGURES]
+    # a streamed level: every figure but those of non-streamed requests (tests/test_bench_unary.py has those)
+    assert list(summary.figures) == [f.key for f in LEVEL_FIGURES if f.applies != "unary"]
     for key, fig in summary.figures.items():
         spec = FIGURES[key]
         assert (fig.unit, fig.definition) == (spec.unit, spec.definition)
@@ -88,8 +95,8 @@ def test_every_window_rate_pools_across_trials_to_a_number() -> None:
         levels.append(summary)
         tally.extend(rs)
     pooled = pool_level(levels, tally, [0, 1])
-    rates = [f.key for f in LEVEL_FIGURES if f.pooling is Pooling.WINDOW_RATE]
-    assert rates and set(rates) == set(AGGREGATE_KEYS)
+    rates = [f.key for f in LEVEL_FIGURES if f.pooling is Pooling.WINDOW_RATE and f.applies != "unary"]
+    assert rates and set(rates) == set(AGGREGATE_KEYS) - {f.key for f in LEVEL_FIGURES if f.applies == "unary"}
     for key in rates:
         value = pooled.figures[key].value
         assert isinstance(value, float) and math.isfinite(value), key
@@ -119,7 +126,7 @@ def test_every_definition_anchor_is_on_the_metrics_page() -> None:
 
 
 def test_levels_csv_has_each_figure_s_columns_at_a_position_of_its_own() -> None:
-    positions = [f.csv.position for f in LEVEL_FIGURES if f.csv is not None]
+    positions = [f.csv.position for f in LEVEL_FIGURES + GPU_FIGURES if f.csv is not None]
     assert sorted(positions) == list(range(1, len(positions) + 1))
     for f in LEVEL_FIGURES:
         if f.csv is None:

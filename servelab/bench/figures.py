@@ -89,6 +89,12 @@ class LevelFigure:
     counts_tokens: bool
     csv: CsvColumns | None
     terminal: tuple[TerminalColumn, ...] = ()
+    # Which levels have the figure: "all"; "streamed" (it times tokens in a stream: TTFT, ITL, output tok/s),
+    # absent from a level of non-streamed requests (embeddings, rerank) rather than 0; "unary" (items/s, input
+    # tok/s): only such a level has it (docs/metrics.md#non-streamed).
+    applies: Literal["all", "streamed", "unary"] = "all"
+    # The columns of the level table of a non-streamed run (report/terminal.py), which has no token columns.
+    unary_terminal: tuple[TerminalColumn, ...] = ()
 
     @property
     def withheld_unmeasured(self) -> bool:
@@ -105,9 +111,10 @@ class LevelFigure:
 
 def _fig(key: str, unit: str, higher_is_better: bool | None, definition: str, pooling: Pooling, *,
          headline: str | None = None, counts_tokens: bool, csv: tuple[int, Literal["value", "stats"]] | None,
-         terminal: tuple[TerminalColumn, ...] = ()) -> LevelFigure:
+         terminal: tuple[TerminalColumn, ...] = (), applies: Literal["all", "streamed", "unary"] = "streamed",
+         unary_terminal: tuple[TerminalColumn, ...] = ()) -> LevelFigure:
     return LevelFigure(key, unit, higher_is_better, definition, pooling, headline, counts_tokens,
-                       CsvColumns(*csv) if csv else None, terminal)
+                       CsvColumns(*csv) if csv else None, terminal, applies, unary_terminal)
 
 
 RATE, REQUESTS, RATIO = Pooling.WINDOW_RATE, Pooling.REQUESTS, Pooling.RATIO
@@ -117,7 +124,8 @@ LEVEL_FIGURES: tuple[LevelFigure, ...] = (
     _fig("output_tok_s", "tok/s", HIGHER, "output-tok-s", RATE, counts_tokens=True, csv=(1, "value"),
          terminal=(TerminalColumn("output\ntok/s"),)),
     _fig("request_s", "req/s", HIGHER, "request-s", RATE, counts_tokens=False, csv=(2, "value"),
-         terminal=(TerminalColumn("req/s", digits=2),)),
+         terminal=(TerminalColumn("req/s", digits=2),), applies="all",
+         unary_terminal=(TerminalColumn("req/s", digits=2),)),
     _fig("decode_tok_s", "tok/s", HIGHER, "decode-tok-s", REQUESTS, headline="p50", counts_tokens=True,
          csv=(11, "stats"), terminal=(TerminalColumn("decode\ntok/s p50"),)),
     _fig("ttft_ms", "ms", LOWER, "ttft", REQUESTS, headline="p50", counts_tokens=True, csv=(5, "stats"),
@@ -129,7 +137,9 @@ LEVEL_FIGURES: tuple[LevelFigure, ...] = (
          csv=(8, "stats")),
     _fig("tpot_ms", "ms", LOWER, "tpot", REQUESTS, headline="p50", counts_tokens=True, csv=(9, "stats")),
     _fig("e2e_ms", "ms", LOWER, "e2e", REQUESTS, headline="p50", counts_tokens=False, csv=(10, "stats"),
-         terminal=(TerminalColumn("E2E\nms p50", digits=0),)),
+         terminal=(TerminalColumn("E2E\nms p50", digits=0),), applies="all",
+         unary_terminal=(TerminalColumn("latency\nms p50", "p50"), TerminalColumn("latency\nms p90", "p90"),
+                         TerminalColumn("latency\nms p99", "p99"))),
     _fig("output_tokens", "tokens", NEITHER, "output-tokens", REQUESTS, headline="mean", counts_tokens=True,
          csv=(12, "stats")),
     # Reasoning apart from the answer (docs/metrics.md#reasoning): the figures that mean the same whether or not
@@ -142,10 +152,11 @@ LEVEL_FIGURES: tuple[LevelFigure, ...] = (
     _fig("reasoning_share", "fraction", NEITHER, "reasoning-share", RATIO, counts_tokens=True, csv=(15, "value")),
     # Only where requests had a schedule to lag behind (open loop).
     _fig("client_lag_ms", "ms", LOWER, "client-lag", REQUESTS, headline="p99", counts_tokens=False,
-         csv=(13, "stats")),
+         csv=(13, "stats"), applies="all"),
     # Only with latency targets (bench/slo.py).
-    _fig("goodput_req_s", "req/s", HIGHER, "goodput", RATE, counts_tokens=False, csv=(3, "value")),
-    _fig("slo_attainment", "fraction", HIGHER, "slo-attainment", RATIO, counts_tokens=False, csv=(4, "value")),
+    _fig("goodput_req_s", "req/s", HIGHER, "goodput", RATE, counts_tokens=False, csv=(3, "value"), applies="all"),
+    _fig("slo_attainment", "fraction", HIGHER, "slo-attainment", RATIO, counts_tokens=False, csv=(4, "value"),
+         applies="all"),
     # Only when some request reported cached prompt tokens (bench/cache_figures.py).
     _fig("cache_hit_ratio", "fraction", NEITHER, "cache-hit-ratio", RATIO, counts_tokens=False,
          csv=(16, "value")),

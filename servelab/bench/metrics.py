@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from functools import cached_property
 
+from servelab.bench.answer_figures import answer_figures
 from servelab.bench.cache_figures import cache_figures
 from servelab.bench.figures import FIGURES, LEVEL_FIGURES, LevelFigure
 from servelab.bench.image_figures import image_figures
@@ -61,6 +62,8 @@ def summarize(records: Sequence[RequestRecord] | LevelTally, *, tag: str, mode: 
     level = LevelInputs(as_tally(records, slos), window, slos)
     figures: dict[str, Figure] = {}
     for spec in LEVEL_FIGURES:
+        if spec.applies != "all" and (spec.applies == "unary") != level.unary:
+            continue  # a figure that does not apply is absent, never 0 (docs/metrics.md#non-streamed)
         fig = MEASURES[spec.key](spec, level)
         if fig is not None:
             figures[spec.key] = fig
@@ -77,7 +80,7 @@ def summarize(records: Sequence[RequestRecord] | LevelTally, *, tag: str, mode: 
                         f"still running a grace period after the level's cap); "
                         f"they are kept in records.jsonl with error_kind \"cancelled\" and what they had received, "
                         f"counted under `cancelled`, and excluded from every figure and from `failed`")
-    if method == "chunk_count":
+    if method == "chunk_count" and not level.unary:
         warnings.append("tokens were counted as one per SSE chunk: the server gave no per-chunk token counts "
                         "and no tokenizer was used; token figures are approximate")
     return Summary(tag=tag, mode=mode, concurrency=concurrency, requests=measured, ok=ok, failed=failed,
@@ -96,6 +99,8 @@ class LevelInputs:
         self.method = tally.counted_by()
         self.tokens, self.answer_tokens, _ = tally.in_window(window)
         self.completed = tally.completed_in(window)
+        # a level of non-streamed requests (embeddings, rerank): no token stream to time
+        self.unary = tally.unary > 0
 
     @cached_property
     def goodput(self) -> tuple[float | None, float | None]:
@@ -163,6 +168,23 @@ def _goodput_rate(spec: LevelFigure, level: LevelInputs) -> Figure | None:
 
 def _slo_attainment(spec: LevelFigure, level: LevelInputs) -> Figure | None:
     return spec.make(level.goodput[1], note=_targets(level.slos)) if level.slos else None
+
+
+def _items_rate(spec: LevelFigure, level: LevelInputs) -> Figure:
+    items, _, _ = level.tally.unary_in(level.window)
+    return spec.make(items / level.window_s if level.window_s > 0 else None)
+
+
+def _input_token_rate(spec: LevelFigure, level: LevelInputs) -> Figure:
+    """The server's own prompt tokens (usage.prompt_tokens) over the window; not measured when a request that
+    counts gave none."""
+    _, tokens, missing = level.tally.unary_in(level.window)
+    if missing:
+        done = level.completed
+        return spec.make(None, note=f"not measured: {missing} of {done} requests in the window gave no "
+                                    f"usage.prompt_tokens")
+    return spec.make(tokens / level.window_s if level.window_s > 0 and level.completed else None,
+                     note="the server's usage.prompt_tokens")
 
 
 def _from_cache(spec: LevelFigure, level: LevelInputs) -> Figure | None:

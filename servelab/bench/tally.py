@@ -26,7 +26,9 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from servelab.bench.answer_figures import tool_row
 from servelab.bench.cache_figures import cache_row
+from servelab.bench.image_figures import image_row
 from servelab.bench.request_figures import (error_key, generated_tokens, is_cancelled, one_short_by_eos,
                                             request_meets, ttfo_ns)
 from servelab.bench.sketch import Samples
@@ -74,9 +76,20 @@ class LevelTally:
         self.answer_tokens = array("q")
         self.reasoning_tokens = array("q")
         self.count_methods: set[str] = set()
+        # non-streamed requests (embeddings, rerank): how many of the measured ones, and per successful one its
+        # items and the server's usage.prompt_tokens (-1: not given)
+        self.unary = 0
+        self.items = array("q")
+        self.usage_prompt = array("q")
         # prefix-cache rows (bench/cache_figures.py) of the successful requests that reported cached tokens or
         # belonged to a conversation turn; the others add nothing but to `ok`
         self.cache_rows: list = []
+        # tool-call rows (bench/answer_figures.py) of the successful requests that declared tools, and the schema
+        # verdicts of those that asked for a response format
+        self.tool_rows: list = []
+        self.schema_verdicts: list[bool] = []
+        # chat-with-images rows (bench/image_figures.py) of the successful requests of an image workload
+        self.image_rows: list = []
         # ---- token gaps of successful requests ----
         self.itl = Samples()  # per token: an event of k tokens after a gap g counts k samples of g/k
         self.itl_chunk = Samples()  # per token-bearing event
@@ -155,6 +168,8 @@ class LevelTally:
         self.t_send.append(r.t_send_ns)
         self.t_end.append(r.t_end_ns if r.t_end_ns is not None else NONE_NS)
         self.lag_ms.append((r.t_send_ns - r.scheduled_ns) / NS_PER_MS if r.scheduled_ns is not None else NAN)
+        if not r.stream:
+            self.unary += 1
         carrying = [e for e in r.events if e.tokens > 0]  # request_figures.token_events, as TokenEvents
         times = [e.t_ns for e in carrying]
         counts = [e.tokens for e in carrying]
@@ -170,6 +185,9 @@ class LevelTally:
             self._group_error(r)
             return
         if status == 2:
+            return
+        if not r.stream:
+            self._fold_unary(r)
             return
         self.count_methods.add(r.count_method)
         self.ok_end.append(r.t_end_ns if r.t_end_ns is not None else NONE_NS)
@@ -196,6 +214,22 @@ class LevelTally:
         self._warnings(r, output)
         if (r.usage is not None and r.usage.cached_tokens is not None) or r.turn is not None:
             self.cache_rows.append(cache_row(r))  # only these make a row worth keeping (cache_figures.py)
+        if r.tool_calls is not None:
+            self.tool_rows.append(tool_row(r))
+        if r.schema_valid is not None:
+            self.schema_verdicts.append(r.schema_valid)
+        if r.images is not None:
+            self.image_rows.append(image_row(r, _ms(times[0] - r.t_send_ns) if times else None))
+
+    def _fold_unary(self, r: RequestRecord) -> None:
+        """A successful non-streamed request: its end and latency, items and prompt tokens; no token figures."""
+        self.ok_end.append(r.t_end_ns if r.t_end_ns is not None else NONE_NS)
+        self.e2e_ns.append(r.t_end_ns - r.t_send_ns if r.t_end_ns is not None else NONE_NS)
+        self.items.append(r.items or 0)
+        prompt = r.usage.prompt_tokens if r.usage is not None else None
+        self.usage_prompt.append(prompt if prompt is not None else -1)
+        if r.input_tokens is not None and prompt is not None and prompt != r.input_tokens:
+            self._warn("prompt", f"request {r.index}: {r.input_tokens} sent, {prompt} in usage.prompt_tokens")
 
     def _fold_events(self, carrying: list, times: list[int], tokens: int, answer: int, ok: bool) -> None:
         """The window's tokens: counted at once for events before the floor, kept (three numbers each) for later
@@ -300,6 +334,20 @@ class LevelTally:
     def completed_in(self, window: tuple[int, int]) -> int:
         ws, we = window
         return sum(1 for t in self.ok_end if t != NONE_NS and ws <= t <= we)
+
+    def unary_in(self, window: tuple[int, int]) -> tuple[int, int, int]:
+        """(items, server-counted prompt tokens, requests without usage.prompt_tokens) of the successful
+        non-streamed requests that ended inside `window`."""
+        ws, we = window
+        items = tokens = missing = 0
+        for t, k, p in zip(self.ok_end, self.items, self.usage_prompt):
+            if t != NONE_NS and ws <= t <= we:
+                items += k
+                if p < 0:
+                    missing += 1
+                else:
+                    tokens += p
+        return items, tokens, missing
 
     def ok_e2e_s(self) -> Iterator[tuple[int, float]]:
         """(end ns, E2E s) of every successful request that ended."""

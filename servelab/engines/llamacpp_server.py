@@ -38,6 +38,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # No endpoint clears it, so a slot erase leaves it as it was.
     p.add_argument("--cache-ram", "-cram", type=int, default=None, help="host-memory prompt cache, MiB (0: off)")
     p.add_argument("--verbosity", "-lv", type=int, default=3)
+    # llama-server's --mmproj: the vision (or audio) projector GGUF that lets chat requests carry images.
+    p.add_argument("--mmproj", "-mm", default=None, help="multimodal projector GGUF (images in chat)")
+    # llama-server's --media-path: the directory whose files requests may name as file:// URLs.
+    p.add_argument("--media-path", default=None, help="directory served to file:// image URLs")
     # Speculative decoding, with llama-server's flag names.
     p.add_argument("--spec-type", default="none", choices=sorted(SPEC_TYPES),
                    help="speculative decoding: a draft model (draft-simple) or n-gram lookup (ngram-simple, ...)")
@@ -75,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         p.cache_ram_mib = args.cache_ram
     if args.alias:
         p.model_alias = {args.alias}
+    if args.mmproj:
+        p.mmproj.path = args.mmproj
+    if args.media_path:
+        p.media_path = args.media_path.rstrip("/") + "/"
     if args.spec_type != "none":
         kind = getattr(xlc.common_speculative_type, f"COMMON_SPECULATIVE_TYPE_{SPEC_TYPES[args.spec_type]}")
         p.speculative.types = [kind]

@@ -23,6 +23,12 @@ RECORD_COLUMNS = [
     # Added later, so appended (scripts index columns): answer tokens beside reasoning_tokens, the server's own
     # reasoning count, and the request's conversation and turn (multi-turn workloads; empty elsewhere).
     "answer_tokens", "usage_reasoning_tokens", "conversation", "turn",
+    # chat with images: the images a request carried and their pixels, summed (empty for other workloads)
+    "images", "image_pixels",
+    # tool calls and structured output (docs/metrics.md#tool-calls, #structured-output; empty where not declared):
+    # calls made, send to the first tool_calls piece and to the finish that completed them, the verdicts
+    "tool_calls", "tool_first_ms", "tool_call_ms", "tool_calls_parse", "tool_calls_valid", "tool_problem",
+    "schema_valid", "schema_problem",
 ]
 
 STATS = ["n", "mean", "min", "p50", "p90", "p95", "p99", "max"]
@@ -91,7 +97,12 @@ def record_row(r: RequestRecord) -> dict[str, Any]:
         "tpot_ms": metrics.tpot_ms(r), "decode_tok_s": metrics.decode_tok_s(r),
         "itl_p50_ms": metrics.percentile(gaps, 50) if gaps else None, "itl_max_ms": gaps[-1] if gaps else None,
         "answer_tokens": r.answer_tokens, "usage_reasoning_tokens": usage.reasoning_tokens if usage else None,
-        "conversation": r.conversation, "turn": r.turn,
+        "conversation": r.conversation, "turn": r.turn, "images": r.images, "image_pixels": r.image_pixels,
+        "tool_calls": len(r.tool_calls) if r.tool_calls is not None else None,
+        "tool_first_ms": _ms(r.t_first_tool_ns - r.t_send_ns) if r.t_first_tool_ns is not None else None,
+        "tool_call_ms": _ms(r.t_tool_done_ns - r.t_send_ns) if r.t_tool_done_ns is not None else None,
+        "tool_calls_parse": r.tool_calls_parse, "tool_calls_valid": r.tool_calls_valid,
+        "tool_problem": r.tool_problem, "schema_valid": r.schema_valid, "schema_problem": r.schema_problem,
     }
 
 

@@ -55,6 +55,9 @@ RECORD_TYPES: dict[str, str] = {
     "client_lag_ms": FLOAT, "ttft_ms": FLOAT, "ttfo_ms": FLOAT, "e2e_ms": FLOAT, "tpot_ms": FLOAT,
     "decode_tok_s": FLOAT, "itl_p50_ms": FLOAT, "itl_max_ms": FLOAT,
     "answer_tokens": INT, "usage_reasoning_tokens": INT, "conversation": INT, "turn": INT,
+    "images": INT, "image_pixels": INT,
+    "tool_calls": INT, "tool_first_ms": FLOAT, "tool_call_ms": FLOAT, "tool_calls_parse": BOOL,
+    "tool_calls_valid": BOOL, "tool_problem": STR, "schema_valid": BOOL, "schema_problem": STR,
 }
 
 # (unit, anchor in docs/metrics.md or None) of the record columns that have a unit.
@@ -69,6 +72,8 @@ RECORD_UNITS: dict[str, tuple[str, str | None]] = {
     "e2e_ms": ("ms", "e2e"), "tpot_ms": ("ms", "tpot"), "decode_tok_s": ("tok/s", "decode-tok-s"),
     "itl_p50_ms": ("ms", "itl"), "itl_max_ms": ("ms", "itl"),
     "answer_tokens": ("tokens", "answer-tokens"), "usage_reasoning_tokens": ("tokens", "reasoning"),
+    "images": ("images", "images"), "image_pixels": ("pixels", "images"),
+    "tool_first_ms": ("ms", "tool-first"), "tool_call_ms": ("ms", "tool-call"),
 }
 
 # The level columns that are not figures: their type and, where they have one, unit and anchor.

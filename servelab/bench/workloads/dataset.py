@@ -42,6 +42,7 @@ class DatasetItem:
     reference_output: str | None = None  # the dataset's answer (ShareGPT's gpt turn)
     input_tokens: int | None = None  # counted by prepare()
     reference_tokens: int | None = None  # counted by prepare(), when output lengths come from the dataset
+    images: list[str] | None = None  # image files sent with the prompt (a JSONL line's `images`: workloads/images.py)
 
 
 @dataclass

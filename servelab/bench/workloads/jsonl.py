@@ -2,9 +2,12 @@
 
     {"prompt": "Tell me a story"}
     {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 64}
+    {"prompt": "What is in this picture?", "images": ["photos/cat.png"]}
 
-`max_tokens` (optional, a positive integer) is that line's output length. Blank lines are skipped. Anything
-else is an error naming the file and the line: a workload that silently drops lines changes what is measured.
+`max_tokens` (optional, a positive integer) is that line's output length. `images` (optional, a list of paths,
+relative to the file's directory) are sent with the prompt (bench/workloads/images.py). Blank lines are skipped.
+Anything else is an error naming the file and the line: a workload that silently drops lines changes what is
+measured.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 from servelab.bench.workloads.dataset import MAX_TOKENS, DatasetItem, check_unicode, parse_json, read_text
 from servelab.errors import UserError
 
-KNOWN_KEYS = {"prompt", "messages", "max_tokens"}
+KNOWN_KEYS = {"prompt", "messages", "max_tokens", "images"}
 
 
 def load_jsonl(path: Path) -> list[DatasetItem]:
@@ -30,7 +33,10 @@ def load_jsonl(path: Path) -> list[DatasetItem]:
             obj = parse_json(line, where)
         except ValueError as exc:
             raise UserError(f"{where}: invalid JSON: {exc}") from None
-        items.append(parse_line(obj, where))
+        item = parse_line(obj, where)
+        if item.images is not None:  # relative to the dataset, wherever servelab is run from
+            item.images = [str(path.parent / p) for p in item.images]
+        items.append(item)
     return items
 
 
@@ -51,12 +57,16 @@ def parse_line(obj: Any, where: str) -> DatasetItem:
         digits = str(max_tokens)
         shown = digits if len(digits) <= 15 else f"{digits[:3]}… ({len(digits)} digits)"
         raise UserError(f"{where}: max_tokens {shown} is more than any server generates (at most {MAX_TOKENS:,})")
-    check_unicode({k: obj[k] for k in ("prompt", "messages") if k in obj}, where)  # a "\\ud800" escape
+    check_unicode({k: obj[k] for k in ("prompt", "messages", "images") if k in obj}, where)  # a "\\ud800" escape
+    images = obj.get("images")
+    if images is not None and (not isinstance(images, list) or not images
+                               or not all(isinstance(p, str) and p for p in images)):
+        raise UserError(f"{where}: 'images' must be a non-empty list of image file paths")
     if "prompt" in obj:
         if not isinstance(obj["prompt"], str) or not obj["prompt"]:
             raise UserError(f"{where}: 'prompt' must be a non-empty string")
-        return DatasetItem(obj["prompt"], where, max_tokens=max_tokens)
-    return DatasetItem(check_messages(obj["messages"], where), where, max_tokens=max_tokens)
+        return DatasetItem(obj["prompt"], where, max_tokens=max_tokens, images=images)
+    return DatasetItem(check_messages(obj["messages"], where), where, max_tokens=max_tokens, images=images)
 
 
 def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:

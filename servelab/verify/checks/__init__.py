@@ -19,6 +19,7 @@ the order of the imports below (docs/verify.md describes each check).
     tools_stream  tool_calls_stream
     responses_api responses_api
     messages_api  messages_api
+    images        images (chat with an image)
     errors        error_unknown_model, error_invalid_params, error_context
     sdk           openai_sdk
 """
@@ -44,6 +45,7 @@ from servelab.verify.checks import structured  # noqa: F401
 from servelab.verify.checks import tools_stream  # noqa: F401
 from servelab.verify.checks import responses_api  # noqa: F401
 from servelab.verify.checks import messages_api  # noqa: F401
+from servelab.verify.checks import images  # noqa: F401
 from servelab.verify.checks import errors  # noqa: F401
 from servelab.verify.checks import sdk  # noqa: F401
 from servelab.verify.checks.basic import discover_model, listed_model_ids

@@ -1,0 +1,269 @@
+"""Chat with images: any text workload's requests with images added to their user message (docs/workloads.md#images).
+
+`--images N --image-size WxH` adds N synthetic PNG images of that size to each request of the workload underneath
+(the stories, `--input-tokens`, a `--dataset`); both take lists (`--images 0,1,4 --image-size 224x224,1024x768`),
+and request i takes count i mod len(counts) and the size after that, so one level holds every combination and
+its figures split by them (bench/image_figures.py). A JSONL dataset line may name its own images instead
+(`"images": ["cat.png"]`, paths relative to the file).
+
+Images go as content parts after the text, `{"type": "image_url", "image_url": {"url": ...}}`, the url a base64
+data URL (`data:image/png;base64,...`, the default) or a file URL (`--image-url file`: written to `--image-dir`,
+named `file://NAME` relative to it, as llama.cpp's `--media-path` wants; the server must see that directory).
+
+Every synthetic image is distinct (its pixels follow from the seed, the bench's series, the request number and
+the image's place), so neither a prefix cache nor an engine's cache of encoded images (vLLM keys its own by the
+image's hash) serves one request's images to another: each request pays its own image encoding, as distinct user
+uploads do. Pixels are seeded noise, which no PNG compresses: an image is sent at about its raw size (W x H x 3
+bytes, and a third more as base64). Written without Pillow: the PNG stores its rows uncompressed (deflate level 0),
+so building one costs a copy and a CRC, not a compression, in the sender's hot path.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import random
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servelab.bench.client import RequestSpec
+from servelab.bench.workloads.prompt_tokens import PromptTokenCounter
+from servelab.errors import UserError
+
+MAX_IMAGES = 64  # per request: more than any engine's default limit (vLLM --limit-mm-per-prompt, SGLang)
+MAX_SIDE = 8192  # pixels: a 8192x8192 noise PNG is 200 MB
+MAX_DATASET_IMAGE_BYTES = 1 << 30  # read from a dataset's image files, all of them together
+TRANSPORTS = ("data", "file")
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
+         ".webp": "image/webp", ".bmp": "image/bmp"}
+
+
+def parse_counts(text: str) -> list[int]:
+    """--images: N or a list N,M,...; each between 0 and MAX_IMAGES."""
+    try:
+        counts = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"bad --images '{text}'", hint="images per request, e.g. 1 or 0,1,2,4") from None
+    if not counts or any(not 0 <= c <= MAX_IMAGES for c in counts):
+        raise UserError(f"bad --images '{text}': each count is between 0 and {MAX_IMAGES}")
+    return counts
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """--image-size: WxH or a list WxH,WxH,...; each side between 1 and MAX_SIDE pixels."""
+    sizes = []
+    for part in str(text).split(","):
+        w, x, h = part.strip().lower().partition("x")
+        if not x or not w.isdigit() or not h.isdigit():
+            raise UserError(f"bad --image-size '{text}'", hint="width x height in pixels, e.g. 224x224 or "
+                                                                "224x224,1024x768")
+        if not (1 <= int(w) <= MAX_SIDE and 1 <= int(h) <= MAX_SIDE):
+            raise UserError(f"bad --image-size '{part.strip()}': each side is between 1 and {MAX_SIDE} pixels")
+        sizes.append((int(w), int(h)))
+    return sizes
+
+
+def png_bytes(width: int, height: int, rows: bytes) -> bytes:
+    """An 8-bit RGB PNG of `rows` (height rows of width*3 bytes), its data stored uncompressed."""
+    stride = width * 3
+    assert len(rows) == stride * height
+    raw = b"".join(b"\0" + rows[y * stride:(y + 1) * stride] for y in range(height))  # filter byte 0 per row
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # depth 8, colour type 2 (RGB)
+    return _PNG_MAGIC + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 0)) + chunk(b"IEND", b"")
+
+
+class SyntheticImages:
+    """Distinct noise images, each a pure function of (seed, name): one noise field per size, drawn once, with the
+    image's own noise over its first row (at least 64 bytes of it) so no two images are alike."""
+
+    def __init__(self, seed: str):
+        self.seed = seed
+        self._fields: dict[tuple[int, int], bytes] = {}
+
+    def png(self, width: int, height: int, name: str) -> bytes:
+        base = self._fields.get((width, height))
+        if base is None:
+            base = self._fields[(width, height)] = random.Random(f"{self.seed}:{width}x{height}").randbytes(
+                width * height * 3)
+        own = random.Random(f"{self.seed}:{name}").randbytes(min(len(base), max(width * 3, 64)))
+        return png_bytes(width, height, own + base[len(own):])
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a PNG, GIF or JPEG file's header; None for another format or a damaged header."""
+    if data[:8] == _PNG_MAGIC and len(data) >= 24:
+        return struct.unpack(">II", data[16:24])
+    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
+        return struct.unpack("<HH", data[6:10])
+    if data[:2] == b"\xff\xd8":  # JPEG: walk the markers to the first start-of-frame
+        pos = 2
+        while pos + 9 <= len(data):
+            if data[pos] != 0xFF:
+                return None
+            marker = data[pos + 1]
+            if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+                pos += 2
+                continue
+            length = struct.unpack(">H", data[pos + 2:pos + 4])[0]
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                h, w = struct.unpack(">HH", data[pos + 5:pos + 9])
+                return w, h
+            pos += 2 + length
+    return None
+
+
+def data_url(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+@dataclass
+class DatasetImage:
+    url: str
+    pixels: int | None  # None: a format whose header servelab does not read
+
+
+@dataclass
+class ImageWorkload:
+    """The requests of `inner` (any workload of chat requests) with images in their last user message."""
+
+    inner: Any
+    counts: list[int] = field(default_factory=lambda: [1])
+    sizes: list[tuple[int, int]] = field(default_factory=lambda: [(224, 224)])
+    seed: int = 0
+    transport: str = "data"  # "data": base64 data URLs; "file": file:// URLs into image_dir
+    image_dir: Path | None = None
+    from_dataset: bool = False  # the images are the dataset lines' own (`images` in a JSONL line)
+    series: str = ""  # which bench of a run (pipeline.in_series): passed to the inner workload, and to the pixels
+    _dataset_images: dict[str, DatasetImage] = field(default_factory=dict, init=False, repr=False)
+
+    kind = "images"
+
+    def __post_init__(self) -> None:
+        if not self.inner.endpoint.endswith("/chat/completions"):
+            raise UserError("images are sent in chat messages", hint="use --endpoint chat")
+        if self.transport not in TRANSPORTS:
+            raise UserError(f"unknown --image-url '{self.transport}'", hint="use --image-url data or file")
+        if self.transport == "file":
+            if self.from_dataset:
+                raise UserError("--image-url file applies to synthetic images (--images); a dataset's images are "
+                                "sent as data URLs")
+            if self.image_dir is None:
+                raise UserError("--image-url file needs --image-dir DIR, the directory the server reads file:// "
+                                "URLs from (llama.cpp: --media-path DIR)")
+            if not self.image_dir.is_dir():
+                raise UserError(f"--image-dir {self.image_dir}: no such directory")
+        if self.series and any(f.name == "series" for f in dataclasses.fields(self.inner)):
+            self.inner = dataclasses.replace(self.inner, series=self.series)
+        self.images = SyntheticImages(f"{self.seed}:{self.series}")
+
+    @property
+    def endpoint(self) -> str:
+        return self.inner.endpoint
+
+    async def prepare(self, counter: PromptTokenCounter | None, needed: int | None = None) -> None:
+        await self.inner.prepare(counter, needed)
+        if self.from_dataset:
+            self._load_dataset_images()
+
+    def _load_dataset_images(self) -> None:
+        total = 0
+        for item in self.inner.items:
+            for path in item.images or ():
+                if path in self._dataset_images:
+                    continue
+                try:
+                    data = Path(path).read_bytes()
+                except OSError as exc:
+                    raise UserError(f"{item.where}: cannot read image {path}: {exc.strerror}") from None
+                total += len(data)
+                if total > MAX_DATASET_IMAGE_BYTES:
+                    raise UserError(f"{item.where}: the dataset's images are more than "
+                                    f"{MAX_DATASET_IMAGE_BYTES >> 30} GiB together: more than servelab holds")
+                size = image_size(data)
+                mime = _MIME.get(Path(path).suffix.lower(), "application/octet-stream")
+                self._dataset_images[path] = DatasetImage(data_url(data, mime), size[0] * size[1] if size else None)
+
+    def shape(self, index: int) -> tuple[int, tuple[int, int]]:
+        """(images, (width, height)) of synthetic request `index`: every count with the first size, then with the
+        next size, and so on."""
+        return self.counts[index % len(self.counts)], self.sizes[(index // len(self.counts)) % len(self.sizes)]
+
+    def request(self, index: int, model: str, *, tag: str = "", warmup: bool = False,
+                accepts_ignore_eos: bool = False, accepts_min_tokens: bool = False) -> RequestSpec:
+        spec = self.inner.request(index, model, tag=tag, warmup=warmup, accepts_ignore_eos=accepts_ignore_eos,
+                                  accepts_min_tokens=accepts_min_tokens)
+        if self.from_dataset:
+            urls, pixels = self._dataset_parts(index)
+        else:
+            count, (w, h) = self.shape(index)
+            which = f"{'w' if warmup else ''}{index}"
+            urls = [self._synthetic_url(w, h, f"{which}-{k}") for k in range(count)]
+            pixels = w * h * count
+        if not urls:
+            spec.images, spec.image_pixels = 0, 0
+            return spec
+        messages = spec.body["messages"]
+        last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+        content = messages[last]["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+        parts += [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+        spec.body["messages"] = [*messages[:last], {**messages[last], "content": parts}, *messages[last + 1:]]
+        spec.images, spec.image_pixels = len(urls), pixels
+        spec.input_tokens = None  # counted for the text alone: the server's count includes the images' tokens
+        return spec
+
+    def _synthetic_url(self, width: int, height: int, name: str) -> str:
+        png = self.images.png(width, height, name)
+        if self.transport == "data":
+            return data_url(png, "image/png")
+        file_name = f"servelab-{self.seed}-{self.series or 'x'}-{name}-{width}x{height}.png"
+        target = self.image_dir / file_name  # type: ignore[operator]
+        if not target.exists():
+            target.write_bytes(png)
+        return f"file://{file_name}"
+
+    def _dataset_parts(self, index: int) -> tuple[list[str], int | None]:
+        item = self.inner.item(index)
+        images = [self._dataset_images[p] for p in item.images or ()]
+        pixels = None if any(i.pixels is None for i in images) else sum(i.pixels for i in images)  # type: ignore
+        return [i.url for i in images], pixels
+
+    def describe(self, accepts_ignore_eos: bool, accepts_min_tokens: bool = False) -> dict[str, Any]:
+        d = {"kind": self.kind, "text": self.inner.describe(accepts_ignore_eos, accepts_min_tokens),
+             "endpoint": self.endpoint, "url": self.transport}
+        if self.from_dataset:
+            d["images"] = "from the dataset's lines"
+            d["image_files"] = len(self._dataset_images)
+        else:
+            d.update(images_per_request=self.counts, image_sizes=[f"{w}x{h}" for w, h in self.sizes],
+                     pixels="seeded noise, distinct per image, PNG stored uncompressed", seed=self.seed)
+        return d
+
+
+def with_images(text: Any, a: Any) -> Any:
+    """The bench's workload (`a`: its BenchArgs) with images when --images asks for them or the dataset's lines
+    name them; `text` itself otherwise. Image options without images are refused, not ignored."""
+    in_dataset = any(getattr(it, "images", None) for it in getattr(text, "items", None) or ())
+    if a.images is None and not in_dataset:
+        for name, given in (("image-size", a.image_size != "224x224"), ("image-url", a.image_url != "data"),
+                            ("image-dir", a.image_dir is not None)):
+            if given:
+                raise UserError(f"--{name} applies to chat with images: add --images N")
+        return text
+    if a.mode in ("multiturn", "replay"):
+        raise UserError(f"images apply to single-turn chat workloads, not --mode {a.mode}")
+    if in_dataset and a.images is not None:
+        raise UserError("the dataset's lines name their own images: --images adds synthetic ones to a text "
+                        "workload", hint="leave out --images, or use a dataset without `images`")
+    if in_dataset:
+        return ImageWorkload(inner=text, seed=a.seed, transport=a.image_url, from_dataset=True)
+    return ImageWorkload(inner=text, counts=parse_counts(a.images), sizes=parse_sizes(a.image_size), seed=a.seed,
+                         transport=a.image_url, image_dir=a.image_dir)

@@ -1,0 +1,217 @@
+"""Chat with images against a real llama.cpp vision server: the embedded launcher with SmolLM2 and a tiny
+mmproj built here (tests/tiny_mmproj.py: llama.cpp's own mtmd code decodes each PNG, runs a seeded-noise vision
+tower and splices IMAGE_TOKENS embeddings per image into the prompt). The bench sends images, records them, and
+its figures split by image count and size; the prompt tokens the server's usage reports grow by the same amount
+per image. The same bench against the plain embedded server (no mmproj) fails in one line, in llama.cpp's words."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servelab.bench.image_figures import ImageRow, image_figures
+from servelab.bench.options import BenchArgs, build_options
+from servelab.bench.runner import bench
+from servelab.bench.workloads.images import SyntheticImages, image_size, parse_sizes, png_bytes
+from servelab.errors import UserError
+from servelab.models import resolve_model
+from servelab.verify.runner import verify
+from tests.conftest import _wait_health, free_port
+from tests.png import read_png
+from tests.tiny_mmproj import IMAGE_TOKENS, build
+
+pytestmark = pytest.mark.engine
+VERIFY_TIMEOUT_S = 120.0  # a busy 2-core box: the check takes seconds, the deadline is for the box's load
+
+
+@pytest.fixture(scope="module")
+def vision_server(tmp_path_factory):
+    """The embedded launcher with --mmproj (the tiny projector) and --media-path (for file:// URLs)."""
+    root = tmp_path_factory.mktemp("vision")
+    mmproj = build(root / "tiny-mmproj.gguf")
+    media = root / "media"
+    media.mkdir()
+    model = resolve_model("smollm2")
+    port = free_port()
+    log = root / "engine.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "servelab.engines.llamacpp_server", "--model", str(model.path), "--port",
+             str(port), "--parallel", "2", "--threads", "2", "--ctx-size", "4096", "--alias", model.served_name,
+             "--mmproj", str(mmproj), "--media-path", str(media)],
+            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_health(url, proc)
+        assert "loaded multimodal model" in log.read_text(errors="replace")
+        yield {"url": url, "model": model.served_name, "media": media}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _bench(url: str, **args):
+    records = []
+    opts = build_options(BenchArgs(mode="single", max_tokens=2, warmup=0, **{"tokenizer": "none", **args}))
+    result = bench(url, opts, on_record=records.append)
+    return result, records
+
+
+# ---- the images themselves -------------------------------------------------------------------------------------
+
+
+def test_synthetic_pngs_decode_to_their_pixels_and_are_distinct_and_deterministic() -> None:
+    rows = bytes(range(192)) * 4  # 4 rows of 64 RGB pixels
+    width, height, decoded = read_png_bytes(png_bytes(64, 4, rows))
+    assert (width, height) == (64, 4) and b"".join(decoded) == rows
+    images = SyntheticImages("7:")
+    a, b = images.png(32, 16, "1-0"), images.png(32, 16, "1-1")
+    assert a != b and a == SyntheticImages("7:").png(32, 16, "1-0")
+    assert image_size(a) == (32, 16) and read_png_bytes(a)[:2] == (32, 16)
+
+
+def read_png_bytes(data: bytes, tmp=Path(os.environ.get("TMPDIR", "/tmp"))):
+    path = tmp / f"servelab-png-{os.getpid()}.png"
+    path.write_bytes(data)
+    try:
+        return read_png(path)
+    finally:
+        path.unlink()
+
+
+def test_jpeg_and_gif_headers_give_their_size() -> None:
+    jpeg = (b"\xff\xd8" + b"\xff\xe0" + (16).to_bytes(2, "big") + b"JFIF\0" + b"\0" * 9
+            + b"\xff\xc0" + (17).to_bytes(2, "big") + b"\x08" + (480).to_bytes(2, "big") + (640).to_bytes(2, "big")
+            + b"\x03" + b"\0" * 9)
+    assert image_size(jpeg) == (640, 480)
+    assert image_size(b"GIF89a" + (300).to_bytes(2, "little") + (200).to_bytes(2, "little")) == (300, 200)
+    assert image_size(b"not an image") is None
+
+
+def test_image_options_are_checked_in_one_line() -> None:
+    for args, words in ((dict(images="65"), "between 0 and 64"), (dict(images="x"), "bad --images"),
+                        (dict(images="1", image_size="10"), "width x height"),
+                        (dict(image_size="64x64"), "add --images"),
+                        (dict(images="1", image_url="file"), "--image-dir"),
+                        (dict(images="1", endpoint="completions"), "--endpoint chat"),
+                        (dict(images="1", mode="multiturn"), "single-turn")):
+        with pytest.raises(UserError, match=words):
+            build_options(BenchArgs(**args))
+    assert parse_sizes("224x224,1024x768") == [(224, 224), (1024, 768)]
+
+
+# ---- the figures, from rows ------------------------------------------------------------------------------------
+
+
+def test_image_figures_split_by_count_and_size_and_are_absent_without_images() -> None:
+    rows = [ImageRow(0, 0, 10.0, 30), ImageRow(1, 50_176, 40.0, 108), ImageRow(1, 50_176, 44.0, 108),
+            ImageRow(2, 2 * 786_432, 90.0, 186)]
+    figures, groups = image_figures(rows)
+    assert figures["images_per_request"].value == 1.0
+    assert figures["image_megapixels"].value == pytest.approx((0 + 2 * 0.050176 + 1.572864) / 4)
+    assert figures["ttft_image_ms"].value == 44.0 and figures["ttft_text_ms"].value == 10.0
+    assert [(g.images, g.megapixels, g.requests, g.prompt_tokens_mean) for g in groups] == [
+        (0, 0.0, 1, 30.0), (1, 0.050176, 2, 108.0), (2, 1.572864, 1, 186.0)]
+    assert groups[1].ttft_ms.p50 == 42.0
+    assert image_figures([ImageRow(0, 0, 10.0, 30)]) == ({}, [])  # no image in the level: no image figure
+    only_images, _ = image_figures([ImageRow(1, 4, 5.0, 9)])
+    assert "ttft_text_ms" not in only_images
+
+
+# ---- against the real vision server ------------------------------------------------------------------------------
+
+
+def test_bench_sends_images_and_the_servers_prompt_grows_by_one_images_tokens_per_image(vision_server) -> None:
+    # prompts of exactly 48 tokens after the chat template (the server's /tokenize), so only images differ
+    result, records = _bench(vision_server["url"], requests=6, images="0,1,2", image_size="224x224,64x48",
+                             input_tokens="48", tokenizer="auto")
+    (level,) = result.levels
+    assert level.ok == 6 and level.failed == 0
+    shapes = sorted((r.images, r.image_pixels) for r in records)
+    assert shapes == [(0, 0), (0, 0), (1, 64 * 48), (1, 224 * 224), (2, 2 * 64 * 48), (2, 2 * 224 * 224)]
+    # the server's own count: a fixed-size projector costs the same tokens whatever the image's size
+    by_count = {}
+    for r in records:
+        by_count.setdefault(r.images, set()).add(r.usage.prompt_tokens)
+    assert all(len(v) == 1 for v in by_count.values()), by_count
+    text, one, two = (by_count[k].pop() for k in (0, 1, 2))
+    assert text == 48
+    per_image = one - text
+    assert per_image == two - one and per_image >= IMAGE_TOKENS, (text, one, two)
+    # figures: groups by count and pixels, their prompt tokens the records' own
+    assert [(g.images, g.megapixels, g.requests) for g in level.images] == [
+        (0, 0.0, 2), (1, 0.003072, 1), (1, 0.050176, 1), (2, 0.006144, 1), (2, 0.100352, 1)]
+    assert [g.prompt_tokens_mean for g in level.images] == [text, one, one, two, two]
+    assert level.figures["images_per_request"].value == 1.0
+    assert level.figures["ttft_image_ms"].dist.n == 4 and level.figures["ttft_text_ms"].dist.n == 2
+    assert result.workload["kind"] == "images" and result.workload["image_sizes"] == ["224x224", "64x48"]
+
+
+def test_a_text_bench_has_no_image_figures(vision_server) -> None:
+    result, records = _bench(vision_server["url"], requests=2)
+    (level,) = result.levels
+    assert level.ok == 2 and level.images == [] and all(r.images is None for r in records)
+    assert not {"images_per_request", "image_megapixels", "ttft_image_ms", "ttft_text_ms"} & set(level.figures)
+
+
+def test_file_urls_name_images_in_the_servers_media_path(vision_server) -> None:
+    media: Path = vision_server["media"]
+    result, records = _bench(vision_server["url"], requests=2, images="1", image_size="32x32", image_url="file",
+                             image_dir=media)
+    assert result.levels[0].ok == 2, result.levels[0].top_errors
+    written = sorted(media.glob("servelab-*.png"))
+    assert len(written) == 2 and all(image_size(p.read_bytes()) == (32, 32) for p in written)
+    assert records[0].usage.prompt_tokens > IMAGE_TOKENS
+
+
+def test_a_datasets_lines_bring_their_own_images(vision_server, tmp_path) -> None:
+    (tmp_path / "pics").mkdir()
+    (tmp_path / "pics" / "a.png").write_bytes(SyntheticImages("d").png(40, 30, "a"))
+    (tmp_path / "pics" / "b.png").write_bytes(SyntheticImages("d").png(20, 10, "b"))
+    lines = [{"prompt": "What is this?", "images": ["pics/a.png"]},
+             {"prompt": "Compare these.", "images": ["pics/a.png", "pics/b.png"]}]
+    path = tmp_path / "vision.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    result, records = _bench(vision_server["url"], requests=2, dataset=path)
+    assert result.levels[0].ok == 2
+    assert sorted((r.images, r.image_pixels) for r in records) == [(1, 1200), (2, 1400)]
+    with pytest.raises(UserError, match="their own images"):
+        build_options(BenchArgs(dataset=path, images="1"))
+
+
+def test_without_a_vision_model_every_request_fails_in_llamacpps_words(embedded_server) -> None:
+    result, records = _bench(embedded_server["url"], requests=2, images="1", image_size="32x32")
+    (level,) = result.levels
+    assert level.ok == 0 and level.failed == 2
+    (top,) = level.top_errors
+    assert top.status == 500 and "image input is not supported" in top.detail
+    assert "mmproj" in top.detail
+
+
+def test_bench_cli_without_a_vision_model_says_so_in_one_line(embedded_server, tmp_path) -> None:
+    out = subprocess.run([sys.executable, "-m", "servelab.cli", "bench", embedded_server["url"], "--requests", "1",
+                          "--max-tokens", "2", "--warmup", "0", "--images", "1", "--image-size", "16x16"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    both = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in both
+    assert "image input is not supported" in both, both
+
+
+def test_verify_images_passes_with_a_vision_model_and_skips_without(vision_server, embedded_server) -> None:
+    (check,) = [c for c in verify(vision_server["url"], only=["images"], check_timeout_s=VERIFY_TIMEOUT_S).checks
+                if c.id == "images"]
+    assert check.outcome == "pass", check.reason
+    assert "prompt tokens" in check.reason
+    (plain,) = [c for c in verify(embedded_server["url"], only=["images"], check_timeout_s=VERIFY_TIMEOUT_S).checks
+                if c.id == "images"]
+    assert plain.outcome == "skip" and plain.reason.startswith("the server has no vision model loaded")
+    assert "mmproj" in plain.reason
