@@ -170,7 +170,8 @@ class RemoteJob:
                     return f"lost:{stderr.removeprefix('error: ') or 'the follower ended without the exit line'}"
                 last_heard = time.monotonic()
                 event = decode(raw)
-                if event is None:
+                if event is None:  # still a line of the file (one a full disk tore): counted, so a resume is exact
+                    self.offset += len(raw)
                     continue
                 kind = event["k"]
                 if kind == "beat":

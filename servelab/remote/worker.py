@@ -31,8 +31,10 @@ RESTOP_AFTER_S = 30.0  # a stop that did not end the command by then is asked ag
 
 
 class EventLog:
-    """events.jsonl, appended by several threads, a whole line at a time. A write that fails (a full disk) is
-    dropped: the follower then says the worker ended without its exit line, and why it thinks so."""
+    """events.jsonl, appended by several threads, a whole line at a time. The first write that fails (a full
+    disk) stops the command, as Ctrl-C would: nobody could see it any more, so an engine left serving would be one
+    nobody knows of. Later lines are dropped; the follower then says the worker ended without its exit line, and
+    that the disk is full."""
 
     def __init__(self, path: Path):
         self._file = open(path, "a", encoding="ascii")
@@ -42,11 +44,14 @@ class EventLog:
     def write(self, kind: str, **fields) -> None:
         line = encode(kind, **fields) + "\n"
         with self._lock:
+            if self.failed is not None:
+                return
             try:
                 self._file.write(line)
                 self._file.flush()
             except OSError as exc:
                 self.failed = exc
+                os.kill(os.getpid(), signal.SIGINT)
 
     def close(self) -> None:
         try:
