@@ -137,10 +137,17 @@ class RemoteJob:
         lines: queue.Queue[bytes | None] = queue.Queue()
 
         def read() -> None:
+            # This thread closes the pipe it reads, once at its end: closed under a read in progress, the fd's
+            # number could be reused by another file and the read would take that file's bytes.
             assert proc.stdout is not None
-            for raw in iter(proc.stdout.readline, b""):
-                lines.put(raw)
-            lines.put(None)
+            try:
+                for raw in iter(proc.stdout.readline, b""):
+                    lines.put(raw)
+            except (OSError, ValueError):
+                pass
+            finally:
+                lines.put(None)
+                proc.stdout.close()
 
         threading.Thread(target=read, daemon=True).start()
         if self.stop_requested:
@@ -193,7 +200,7 @@ class RemoteJob:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            for pipe in (proc.stdin, proc.stderr):  # stdout: the reading thread's, closed at its end
                 if pipe is not None:
                     pipe.close()
 
