@@ -73,3 +73,29 @@ def embedded_server(tmp_path_factory) -> dict:
             proc.wait(10)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def pooled_engine(tmp_path_factory) -> dict:
+    """A running xllamacpp server with SmolLM2 started with `--embeddings --pooling mean`
+    (tests/llamacpp_pooled_server.py): it serves /v1/embeddings (dimension 576) and no rerank. 2 slots, 2 threads.
+    Shared by the verify checks and the embeddings bench (one start per session). Yields {url, model}."""
+    model = resolve_model("smollm2")
+    port = free_port()
+    log = tmp_path_factory.mktemp("pooled") / "engine.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve().parent / "llamacpp_pooled_server.py"), "--model",
+             str(model.path), "--port", str(port), "--parallel", "2", "--threads", "2", "--ctx-size", "2048",
+             "--alias", model.served_name],
+            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_health(url, proc)
+        yield {"url": url, "model": model.served_name}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)

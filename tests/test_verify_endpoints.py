@@ -15,7 +15,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ from endpoints_fake import (ANSWER, embeddings_body, message_events, message_obj
                             response_object, tool_call_events, typed_sse)
 from openai_fake import MODEL, FakeOpenAI, completion, error_body, json_route, serving, write_events
 
-from servelab.models import resolve_model
 from servelab.records import CheckResult
 from servelab.verify import CHECKS, verify
 from servelab.verify.checks.rerank import RERANK_DOCUMENTS, RERANK_QUERY
@@ -48,26 +46,7 @@ def test_the_endpoint_checks_run_after_tool_calls_and_before_the_error_provoking
 # ---- the real engine -------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pooled_engine(tmp_path_factory) -> dict[str, Any]:
-    model = resolve_model("smollm2")
-    port = free_port()
-    log = tmp_path_factory.mktemp("pooled") / "engine.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, str(HERE / "llamacpp_pooled_server.py"), "--model", str(model.path), "--port", str(port),
-             "--parallel", "2", "--threads", "2", "--ctx-size", "2048", "--alias", model.served_name],
-            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_health(url, proc)
-        yield {"url": url, "model": model.served_name}
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
+# pooled_engine: tests/conftest.py, shared with the embeddings bench (tests/test_bench_unary.py)
 
 
 @pytest.fixture(scope="module")

@@ -36,8 +36,13 @@ class BenchArgs:
                                                "(default 64); rate modes: cap on requests in flight.")
     # Not given on the command line is None: chat, but completions for a trace replay. The API's default is chat.
     endpoint: str | None = option("chat", "chat, completions, responses (OpenAI's Responses API) or messages "
-                                          "(Anthropic's), streamed (default chat; replay: completions).",
-                                  command_default=None)
+                                          "(Anthropic's), streamed (default chat; replay: completions); embeddings or "
+                                          "rerank: non-streamed requests, timed and checked (--batch-size, "
+                                          "--documents).", command_default=None)
+    batch_size: int | None = option(None, "--endpoint embeddings: inputs per request (default 1), each "
+                                          "--input-tokens long.")
+    documents: int | None = option(None, "--endpoint rerank: documents per request, scored against one query "
+                                         "(default 8), each --input-tokens long.")
     concurrency: int | None = option(None, "Streams for --mode concurrency (slo-search: the first concurrency "
                                            "tried).")
     rate: str | None = option(None, "Requests/s for --mode rate; a list (1,2,4) for rate-sweep (default: a ramp 1, "
@@ -88,6 +93,19 @@ class BenchArgs:
     ignore_eos: bool = option(True, "Ask for exactly --max-tokens tokens (where the engine accepts ignore_eos).")
     min_tokens: int | None = option(None, "Ask for at least this many output tokens (where the engine accepts "
                                           "min_tokens).")
+    # Tool calling and structured output (bench/workloads/tools.py, structured.py), on the chat endpoint.
+    tools: str | None = option(None, "Tool calling: builtin (three small tools, with prompts that ask for them unless "
+                                     "--dataset or --input-tokens gives the prompts) or a JSON file of OpenAI tool "
+                                     "definitions, sent with every request; times the streamed tool_calls and checks "
+                                     "each call.", metavar="FILE|builtin")
+    tool_choice: str | None = option(None, "With --tools: auto, required, none, or a declared tool's name (default: "
+                                           "not sent, the server's auto).")
+    response_format: str | None = option(None, "Structured output: json_object, or json_schema:FILE (a JSON schema); "
+                                               "checks each answer against it.", metavar="json_object|json_schema:FILE")
+    schema_field: str = option("response_format", "With --response-format json_schema: the request field that "
+                                                  "carries the schema: response_format (OpenAI's), or an engine's own: "
+                                                  "guided_json, structured_outputs (vLLM), json_schema (llama.cpp, "
+                                                  "SGLang).")
     slo: str | None = option(None, "Latency targets, e.g. ttft_p99_ms=500,itl_p99_ms=50,e2e_p99_ms=10000: goodput "
                                    "per level, and what slo-search must meet.")
     search: str = option("rate", "slo-search: vary the request rate or the concurrency.")

@@ -4,12 +4,14 @@ concurrency levels, the peak over rate levels, and the answer of an SLO search. 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from servelab.bench.metrics import peak_figures
 from servelab.bench.steady import is_measured
-from servelab.records import BenchResult, Figure
+from servelab.records import BenchResult, Figure, Summary
 
 SINGLE_KEYS = ("decode_tok_s", "output_tok_s", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "ttfo_ms", "answer_tok_s",
-               "reasoning_tokens", "answer_tokens", "reasoning_share")
+               "reasoning_tokens", "answer_tokens", "reasoning_share", "items_s", "input_tok_s")
 
 
 def single_figures(result: BenchResult, *, or_concurrency_1: bool = False) -> dict[str, Figure]:
@@ -24,22 +26,46 @@ def single_figures(result: BenchResult, *, or_concurrency_1: bool = False) -> di
 
 def concurrency_peak(result: BenchResult) -> dict[str, Figure]:
     """`peak.*`: the highest output tok/s over the measured concurrency levels, at its concurrency."""
-    levels = [s for s in result.levels if s.mode == "concurrency" and is_measured(s)
-              and s.figures["output_tok_s"].value]
+    levels = [s for s in result.levels if s.mode == "concurrency" and is_measured(s) and _value(s, "output_tok_s")]
     if not levels:
-        return {}
+        return items_peak([s for s in result.levels if s.mode == "concurrency"], "concurrency",
+                          lambda s: s.concurrency, "streams", lambda s: f"at concurrency {s.concurrency}")
     return peak_figures(levels, load_key="concurrency", load=lambda s: s.concurrency, load_unit="streams",
                         note=lambda s: f"at concurrency {s.concurrency}")
 
 
 def rate_peak(result: BenchResult) -> dict[str, Figure]:
     """`peak.*` over rate levels, when there are no concurrency levels to take it from."""
-    levels = [s for s in result.levels if s.mode == "rate" and s.rate is not None and is_measured(s)
-              and s.figures["output_tok_s"].value]
-    if not levels or any(s.mode == "concurrency" for s in result.levels):
+    if any(s.mode == "concurrency" for s in result.levels):
         return {}
+    levels = [s for s in result.levels if s.mode == "rate" and s.rate is not None and is_measured(s)
+              and _value(s, "output_tok_s")]
+    if not levels:
+        return items_peak([s for s in result.levels if s.mode == "rate" and s.rate is not None], "rate",
+                          lambda s: s.rate, "req/s", lambda s: f"at {s.rate:g} req/s offered")
     return peak_figures(levels, load_key="rate", load=lambda s: s.rate, load_unit="req/s",
                         note=lambda s: f"at {s.rate:g} req/s offered")
+
+
+def items_peak(levels: list[Summary], load_key: str, load: Callable[[Summary], float], load_unit: str,
+               note: Callable[[Summary], str]) -> dict[str, Figure]:
+    """`peak.*` of non-streamed levels (embeddings, rerank; docs/metrics.md#peak-items-s): the measured level with
+    the highest items/s, its load, requests/s and request latency there."""
+    levels = [s for s in levels if is_measured(s) and _value(s, "items_s")]
+    if not levels:
+        return {}
+    best = max(levels, key=lambda s: _value(s, "items_s") or 0.0)
+    out = {"peak.items_s": best.figures["items_s"].model_copy(update={"note": note(best)}),
+           f"peak.{load_key}": Figure(value=load(best), unit=load_unit, definition="peak-items-s")}
+    for key in ("request_s", "e2e_ms", "input_tok_s"):
+        if key in best.figures:
+            out[f"peak.{key}"] = best.figures[key]
+    return out
+
+
+def _value(level: Summary, key: str) -> float | None:
+    fig = level.figures.get(key)
+    return fig.value if fig is not None else None
 
 
 def slo_answer(result: BenchResult) -> dict[str, Figure]:

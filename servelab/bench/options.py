@@ -25,6 +25,7 @@ from servelab.bench.workers import parse_workers
 from servelab.bench.workloads import (CHAT, DATASET_FORMATS, OutputSpec, SharedPrefixWorkload,
                                       SyntheticWorkload, Workload, load_dataset, parse_length)
 from servelab.bench.workloads.base import STREAM_ENDPOINTS
+from servelab.bench.workloads.unary import UNARY_ENDPOINTS, build_unary_workload
 from servelab.errors import UserError
 
 DEFAULT_LEVEL_DURATION_S = 10.0
@@ -42,9 +43,9 @@ MAX_SCHEDULED = 10_000_000  # requests one open-loop level may schedule (the sch
 def build_options(a: BenchArgs) -> BenchOptions:
     if a.mode not in MODES:
         raise UserError(f"unknown mode '{a.mode}'", hint=f"use --mode {', '.join(MODES)}")
-    if a.endpoint not in (None, *STREAM_ENDPOINTS):
-        raise UserError(f"unknown endpoint '{a.endpoint}'", hint="use --endpoint chat, completions, responses or "
-                                                                   "messages")
+    if a.endpoint not in (None, *STREAM_ENDPOINTS, *UNARY_ENDPOINTS):
+        raise UserError(f"unknown endpoint '{a.endpoint}'", hint="use --endpoint chat, completions, responses, "
+                                                                   "messages, embeddings or rerank")
     _positive(requests=a.requests, duration=a.duration, max_tokens=a.max_tokens,
               max_concurrency=a.max_concurrency, concurrency=a.concurrency, prefix_groups=a.prefix_groups,
               prefix_tokens=a.prefix_tokens, prefix_group_size=a.prefix_group_size, min_tokens=a.min_tokens,

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from servelab import aio
-from servelab.bench.client import ClientOptions, StreamClient
+from servelab.bench.client import ClientOptions
 from servelab.bench.gpu_run import GpuRun
 from servelab.bench.levels import INTERRUPTED_LEVEL, interrupted_level
 from servelab.bench.limits import DescriptorShortage, auth_headers, check_descriptors
@@ -33,6 +33,7 @@ from servelab.bench.server_metrics import MetricsWatcher
 from servelab.bench.stall_stacks import IdleDeadlineStacks
 from servelab.bench.state import BenchOptions, BenchStopped, RunState
 from servelab.bench.tokenizer import LlamaCppServerTokenizer, probe_server_tokenizer, tokenizer_from_option
+from servelab.bench.unary_client import EndpointClient
 from servelab.bench.warmup import plan_warmup
 from servelab.bench.workers import auto_workers, open_pool
 from servelab.bench.workloads import counter_for
@@ -129,6 +130,9 @@ async def prepare_workload(state: BenchState, session: aiohttp.ClientSession) ->
     state.accepts_min_tokens = adapter.accepts_min_tokens and engine_fields_reach(state) if adapter else False
     counter = counter_for(state.engine, session, state.url, model=state.model)
     await state.options.workload.prepare(counter, needed=planned_requests(state))
+    probe = getattr(state.options.workload, "probe_endpoint", None)
+    if probe is not None:  # a non-streamed endpoint: which path serves it, what a right answer is (workloads/unary.py)
+        await probe(session, state.url, state.model)
 
 
 def engine_fields_reach(state: BenchState) -> bool:
@@ -255,11 +259,11 @@ async def until_contended(state: BenchState, levels) -> None:
 
 
 def open_client(state: BenchState, client_opts: ClientOptions) -> Sender:
-    """This process's StreamClient, or with --workers/--ray a pool of workers that the load modes use the same
-    way (bench/workers/coordinator.py)."""
+    """This process's client (a StreamClient that also sends non-streamed requests: bench/unary_client.py), or with
+    --workers/--ray a pool of workers that the load modes use the same way (bench/workers/coordinator.py)."""
     opts = state.options
     if opts.workers is None and opts.ray is None:
-        return StreamClient(state.url, client_opts)
+        return EndpointClient(state.url, client_opts)
     workers = opts.workers or 1
     if workers == "auto" and opts.ray is None:  # under Ray, auto is the cluster's CPUs (ray_backend.py)
         ceiling = state.client_ceiling.ceiling_streams if state.client_ceiling else None

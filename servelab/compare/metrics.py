@@ -325,6 +325,55 @@ def _replay_ttft_figure(run: RunData) -> Figure | None:
     return Figure(value=fig.dist.p50, unit="ms", definition="ttft", note="p50 over the trace's requests")
 
 
+# ---- non-streamed requests (embeddings, rerank; docs/metrics.md#compare-non-streamed) ----
+
+def unary_level(run: RunData) -> Summary | None:
+    """The run's non-streamed level with the highest items/s (a measured one, else any that has the figure)."""
+    levels = [s for s in run.levels if "items_s" in s.figures]
+    measured = [s for s in levels if s.figures["items_s"].value is not None]
+    levels = measured or levels
+    return max(levels, key=lambda s: s.figures["items_s"].value or 0.0) if levels else None
+
+
+def _unary_figure(name: str) -> Callable[[RunData], Figure | None]:
+    def figure(run: RunData) -> Figure | None:
+        level = unary_level(run)
+        return level.figures.get(name) if level is not None else None
+    return figure
+
+
+def _latency_p99_figure(run: RunData) -> Figure | None:
+    level = unary_level(run)
+    fig = level.figures.get("e2e_ms") if level is not None else None
+    if fig is None or fig.dist is None:
+        return None
+    return Figure(value=fig.dist.p99, unit="ms", definition="request-latency", note="p99")
+
+
+def _items_throughput(run: RunData) -> Resampler | None:
+    """Items/s at the run's non-streamed level: each trial's window cut into time bins of the items of the requests
+    that ended in it (as items/s counts them), trials first, then bins."""
+    def part(run: RunData, pooled: Summary, trial: int) -> Resampler | None:
+        level = _trial_level(run, pooled.tag, trial) or (pooled if len(run.counted) == 1 else None)
+        records = run.records_of(pooled.tag, trial)
+        fig = level.figures.get("items_s") if level is not None else None
+        if fig is None or not fig.value or not records or level.window_s <= 0:
+            return None
+        start = min(r.t_send_ns for r in records)
+        counts, bin_s = time_bins([(r.t_end_ns, r.items or 0) for r in records if r.t_end_ns is not None], start,
+                                  level.window_s)
+        observed = sum(counts) / level.window_s
+        return BinnedRate(counts, bin_s, scale=fig.value / observed) if observed else None
+    return _over_trials(run, unary_level(run), part)
+
+
+def _request_latency_p99(run: RunData) -> Resampler | None:
+    def part(run: RunData, level: Summary, trial: int) -> Resampler | None:
+        values = [v for r in run.records_of(level.tag, trial) if (v := _ms(m.e2e_ns(r))) is not None]
+        return PercentileOf(values, 99) if values else None
+    return _over_trials(run, unary_level(run), part)
+
+
 # ---- what the GPUs did (docs/metrics.md#gpu): energy per token and tokens per joule, at peak and single-stream ----
 
 def _gpu_figure(name: str, level_of: Callable[[RunData], Summary | None]) -> Callable[[RunData], Figure | None]:
@@ -457,6 +506,17 @@ _LIST = [
               figure=_late_ttft_figure, where=_late_turns),
     KeyMetric("multiturn.cache_hit_ratio", "prefix cache hit ratio %", "%", True, "cache-hit-ratio",
               figure=_hit_ratio_figure, neutral=True),
+]
+_LIST += [
+    # Non-streamed requests (embeddings, rerank): what their users choose an engine by, at the run's level with the
+    # most items/s; these runs have none of the token figures above.
+    KeyMetric("unary.items_s", "items/s (embeddings inputs, rerank documents)", "items/s", True, "items-s",
+              _items_throughput, figure=_unary_figure("items_s"), where=lambda run: (lambda lv: lv.tag if lv else
+                                                                                      None)(unary_level(run))),
+    KeyMetric("unary.latency_ms", "request latency ms (p50)", "ms", False, "request-latency",
+              _per_request(lambda r: _ms(m.e2e_ns(r)), unary_level), figure=_unary_figure("e2e_ms")),
+    KeyMetric("unary.latency_p99_ms", "request latency ms (p99)", "ms", False, "request-latency",
+              _request_latency_p99, figure=_latency_p99_figure),
 ]
 _LIST += _gpu_metrics()
 KEY_METRICS: dict[str, KeyMetric] = {k.key: k for k in _LIST}

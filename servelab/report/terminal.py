@@ -57,6 +57,14 @@ def sent_cell(s: Summary, label: str = "") -> str:
 # and statistic. Numbers never wrap (report/tables.py).
 _FIGURE_COLUMNS = [(fig.key, column) for fig in LEVEL_FIGURES for column in fig.terminal]
 LEVEL_COLUMNS = [key_col("level"), Col("ok/sent")] + [Col(column.header) for _, column in _FIGURE_COLUMNS]
+# A run of non-streamed requests (embeddings, rerank) has no token figures: its table has these columns instead
+# (docs/metrics.md#non-streamed).
+_UNARY_COLUMNS = [(fig.key, column) for fig in LEVEL_FIGURES for column in fig.unary_terminal]
+UNARY_LEVEL_COLUMNS = [key_col("level"), Col("ok/sent")] + [Col(column.header) for _, column in _UNARY_COLUMNS]
+
+
+def is_unary(result: BenchResult) -> bool:
+    return result.workload.get("stream") is False
 
 
 def figure_cell(fig: Figure | None, column: TerminalColumn) -> str:
@@ -72,10 +80,12 @@ def render_levels(console: Console, result: BenchResult, gpu: bool = True) -> No
     """The levels' table, then what else the levels say (warnings, the server's gauges, reasoning, cache, the GPUs:
     `gpu=False` leaves them to the caller, who shows them once for several benches)."""
     rows = []
+    figure_columns, columns = (_UNARY_COLUMNS, UNARY_LEVEL_COLUMNS) if is_unary(result) else \
+        (_FIGURE_COLUMNS, LEVEL_COLUMNS)
     for s in result.levels:
         rows.append([level_cell(s), sent_cell(s)]
-                    + [figure_cell(s.figures.get(key), column) for key, column in _FIGURE_COLUMNS])
-    print_table(console, inert(f"{result.mode} bench {result.url} (model {result.model})"), LEVEL_COLUMNS, rows)
+                    + [figure_cell(s.figures.get(key), column) for key, column in figure_columns])
+    print_table(console, inert(f"{result.mode} bench {result.url} (model {result.model})"), columns, rows)
     for warning in result.warnings:
         console.print(Text(f"  warning: {inert(warning)}", style="yellow"))
     render_spec_decode(console, result.levels)
@@ -97,7 +107,7 @@ def render_levels(console: Console, result: BenchResult, gpu: bool = True) -> No
     for s in result.levels:  # the most common errors, with the first response's excerpt (docs/metrics.md#errors)
         for e in s.top_errors:
             console.print(Text(f"  {s.tag} error: {inert(error_line(e))}", style="red"))
-    counted = {s.figures["output_tok_s"].counted_by for s in result.levels} - {None}
+    counted = {s.figures["output_tok_s"].counted_by for s in result.levels if "output_tok_s" in s.figures} - {None}
     if counted:
         console.print(Text(f"  tokens counted by: {', '.join(sorted(counted))}", style="dim"))
     if result.stop_reason:
@@ -261,13 +271,18 @@ FIGURE_LABELS = {
     "peak.request_s": "requests/s at peak",
     "peak.answer_tok_s": "answer tok/s at peak",
     "slo.goodput_req_s": "goodput req/s (SLO search)",
+    "single.items_s": "single-stream items/s",
+    "single.input_tok_s": "single-stream input tok/s",
+    "peak.items_s": "peak items/s",
+    "peak.e2e_ms": "request latency ms (p50) at peak items/s",
 }
 # How tokens were counted, in words (records.CountMethod).
 COUNTED_BY_WORDS = {"server_per_chunk": "the server's count on every chunk",
                     "client_tokenizer": "the client's tokenizer", "chunk_count": "one per chunk (approximate)",
                     "mixed": "mixed methods"}
 _HEADLINE_LABELS = {k: FIGURE_LABELS[k] for k in ("single.decode_tok_s", "single.output_tok_s", "single.ttft_ms",
-                                                  "single.itl_ms", "peak.output_tok_s", "peak.request_s")}
+                                                  "single.itl_ms", "peak.output_tok_s", "peak.request_s",
+                                                  "single.items_s", "peak.items_s", "peak.e2e_ms")}
 
 
 def figure_label(key: str) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 from servelab import __version__, aio
 from servelab.bench.client import ClientOptions, Deadlines, StreamClient
+from servelab.bench.unary_client import EndpointClient
 from servelab.bench.workers.clock import boot_id, host_name
 from servelab.bench.workers.protocol import decode_spec, encode_record, frame, read_frame
 
@@ -97,7 +98,7 @@ async def serve(host: str, port: int, worker_id: int, token: str, about: dict[st
                 if client is not None:
                     await client.__aexit__(None, None, None)
                 config = header[1]
-                client = StreamClient(config["url"], client_options(config.get("client") or {}))
+                client = EndpointClient(config["url"], client_options(config.get("client") or {}))
                 await client.__aenter__()
             elif kind == "quit":
                 break
