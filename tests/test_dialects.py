@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from dialects_replay import (Replay, ping, reasoning_response_events, spaced, thinking_message_events, typed)
@@ -23,6 +24,7 @@ from servelab.protocol.dialects.messages import read_event as read_message_event
 from servelab.protocol.dialects.responses import read_event as read_response_event
 
 GAP_S = 0.02
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "dialects"
 
 
 def send(replay: Replay, endpoint: str, *scripts, options: ClientOptions | None = None, body=None):
@@ -238,7 +240,7 @@ def test_a_stream_without_its_end_event_fails_and_says_what_was_missing():
     assert all(not r.ok and r.events for r in records)
 
 
-def test_vllms_done_after_message_stop_is_never_read():
+def test_a_done_after_message_stop_is_never_read():
     replay = Replay()
     (record,) = send(replay, MESSAGES, [typed(*message_events()) + b"data: [DONE]\n\n"])
     assert record.ok and record.saw_done and record.finish_reason == "end_turn"
@@ -263,3 +265,39 @@ def test_an_experiment_may_bench_either_api():
     single, sweep = BenchSettings(endpoint="messages").options("m")
     assert single.workload.endpoint == sweep.workload.endpoint == MESSAGES
     assert BenchSettings(endpoint="responses").options("m")[0].workload.endpoint == RESPONSES
+
+
+# ---- what the real engines sent (tests/fixtures/dialects) ---------------------------------------------------------
+
+
+def recorded(name: str) -> tuple[bytes, list[dict]]:
+    raw = (FIXTURES / name).read_bytes()
+    return raw, [json.loads(line[5:]) for line in raw.decode().splitlines() if line.startswith("data:")]
+
+
+@pytest.mark.parametrize("engine", ["llamacpp-xllamacpp-2026.10.11549", "vllm-0.32.0"])
+def test_the_engines_responses_streams_read_into_complete_records(engine):
+    raw, events = recorded(f"{engine}-responses.sse")
+    (record,) = send(Replay(), RESPONSES, [raw])
+    assert record.ok and record.saw_done, record.error_detail
+    done = next(e["text"] for e in events if e["type"] == "response.output_text.done")
+    assert "".join(e.text for e in record.events) == done
+    usage = events[-1]["response"]["usage"]
+    assert (record.usage.prompt_tokens, record.usage.completion_tokens) == (usage["input_tokens"],
+                                                                             usage["output_tokens"]) == (37, 8)
+    assert record.output_tokens == 8  # llama.cpp: its running counts; vLLM: one token per delta here
+    assert record.count_method == ("server_per_chunk" if engine.startswith("llamacpp") else "chunk_count")
+    # llama.cpp says completed at the limit; vLLM says why it stopped
+    assert record.finish_reason == ("completed" if engine.startswith("llamacpp") else "max_output_tokens")
+
+
+@pytest.mark.parametrize("engine", ["llamacpp-xllamacpp-2026.10.11549", "vllm-0.32.0"])
+def test_the_engines_messages_streams_read_into_complete_records(engine):
+    raw, events = recorded(f"{engine}-messages.sse")
+    (record,) = send(Replay(), MESSAGES, [raw])
+    assert record.ok and record.saw_done and record.finish_reason == "max_tokens", record.error_detail
+    deltas = [e["delta"]["text"] for e in events if e["type"] == "content_block_delta"]
+    assert "".join(e.text for e in record.events) == "".join(deltas)
+    assert record.usage.completion_tokens == 8 and record.output_tokens == len(deltas) == 8
+    # the whole prompt either way: vLLM's input_tokens alone, llama.cpp's input_tokens + its cache's part
+    assert record.usage.prompt_tokens == 37

@@ -118,7 +118,7 @@ class _StreamState:
                 return False
         self.last_event_ns = now_ns
         if data == "[DONE]":
-            if self.ends_with:  # vLLM's Messages stream sends it after message_stop, which ended the read
+            if self.ends_with:  # not these streams' end: before their end event (after it nothing is read)
                 raise _Failure("disconnect", f"the stream sent [DONE] after {self.events} events, before "
                                              f"{self.ends_with}")
             self.saw_done = True

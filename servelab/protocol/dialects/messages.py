@@ -2,7 +2,8 @@
 each `event: <type>` and `data: {"type": <type>, …}`.
 
 What is read (Anthropic's streaming docs; llama.cpp's tools/server/server-task.cpp and vLLM's entrypoints/anthropic
-send the same, vLLM with a `data: [DONE]` after message_stop, which is never read):
+send the same; vLLM's source has a `data: [DONE]` after message_stop on some paths, never read, and 0.32.0 sent
+none in tests/fixtures/dialects):
 - message_start: `message.usage` with the prompt's tokens: input_tokens, plus cache_read_input_tokens and
   cache_creation_input_tokens where the server counts its cache apart (Anthropic and llama.cpp do: a prompt whose
   prefix llama.cpp held says input_tokens 1, cache_read_input_tokens 32). Its output_tokens is a placeholder (0 or

@@ -6,9 +6,10 @@ entrypoints/openai/responses send the same):
 - response.output_text.delta: answer text in `delta`;
 - response.reasoning_text.delta (llama.cpp, vLLM) and response.reasoning_summary_text.delta (OpenAI's summaries):
   reasoning text in `delta`, kept apart from the answer;
-- response.completed, or response.incomplete (OpenAI ends a response cut at max_output_tokens so): the end of a
-  complete stream; its `response.usage` has input_tokens, output_tokens (with input_tokens_details.cached_tokens,
-  output_tokens_details.reasoning_tokens where sent); no `[DONE]` follows;
+- response.completed, or response.incomplete (OpenAI ends a response cut at max_output_tokens so; vLLM sends
+  response.completed with status incomplete): the end of a complete stream; its `response.usage` has input_tokens,
+  output_tokens (with input_tokens_details.cached_tokens, output_tokens_details.reasoning_tokens where sent), its
+  `incomplete_details.reason` why it was cut; no `[DONE]` follows;
 - response.failed (`response.error`) and `error` (`message`, `code`): the request failed in-band;
 - llama.cpp adds its `timings` (predicted_n, cache_n) to the deltas when asked with timings_per_token, and to
   response.completed always: read as on chat chunks.
@@ -53,8 +54,9 @@ def _end(obj: dict[str, Any], kind: str) -> ChunkView:
     status = response.get("status")
     finish = status if status.__class__ is str else kind.removeprefix("response.")
     details = response.get("incomplete_details")
-    if kind == "response.incomplete" and details.__class__ is dict and details.get("reason").__class__ is str:
-        finish = details["reason"]  # e.g. max_output_tokens
+    if details.__class__ is dict and details.get("reason").__class__ is str:
+        # max_output_tokens: on response.incomplete (OpenAI), or on response.completed with status incomplete (vLLM)
+        finish = details["reason"]
     predicted, cache_n = running_count(obj)
     return ChunkView(finish_reason=finish, usage=usage_of(response.get("usage")), running_count=predicted,
                      cache_n=cache_n, end=True)
