@@ -313,3 +313,43 @@ def test_the_real_engine_answers_in_the_schema_and_the_share_is_what_jsonschema_
     assert len(texts) == 3 and all(texts)
     assert result.levels[0].figures["schema_valid_share"].value == sum(map(valid, texts)) / 3
     assert [r["schema_valid"] for r in stored] == [valid(t) for t in texts]
+
+
+def test_the_exports_and_compare_carry_the_tool_figures_and_a_run_without_tools_shows_none(tmp_path) -> None:
+    from servelab.compare.compare import compare_runs
+    from servelab.compare.sources import load_run_dir
+    from servelab.store.export import export_csv
+
+    cases = ["split", "unparsed", "text"]
+    with serving(FakeOpenAI(chat_route=scripted_tools).app()) as url:
+        runs = [servelab.api.bench(url, mode="single", max_tokens=64, warmup=0, tokenizer="none", requests=3,
+                                   dataset=prompts(tmp_path, cases), out=tmp_path / name, **extra)
+                for name, extra in (("tools", {"tools": "builtin"}), ("again", {"tools": "builtin"}),
+                                    ("plain", {}))]
+    records = [RequestRecord.model_validate(r) for r in stored_records(runs[0].run_dir)]
+    header, *rows = (line.split(",") for line in export_csv(records, runs[0].result.levels, tmp_path / "csv")[0]
+                     .read_text().splitlines())
+    by_prompt = {row[header.index("index")]: dict(zip(header, row)) for row in rows}
+    assert [by_prompt[str(i)]["tool_calls"] for i in range(3)] == ["1", "1", "0"]
+    assert [by_prompt[str(i)]["tool_calls_valid"] for i in range(3)] == ["True", "False", ""]
+    assert float(by_prompt["0"]["tool_first_ms"]) <= float(by_prompt["0"]["tool_call_ms"])
+    comparison = compare_runs([load_run_dir(run.run_dir) for run in runs])
+    shares = next(r for r in comparison.rows if r.key == "single.tool_valid_share")
+    assert [cell.value for cell in shares.figures[:2]] == [50.0, 50.0]  # 1 of the 2 requests that called
+    assert shares.figures[2].value is None  # the run without tools has no such figure
+    assert "single.schema_valid_share" not in [r.key for r in comparison.rows]
+
+
+def test_an_experiments_series_and_temperature_reach_the_wrapped_prompts(tmp_path) -> None:
+    import dataclasses
+
+    from servelab.pipeline import in_series
+
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps({"tools": BUILTIN_TOOLS[:1]}))
+    workload = build_options(BenchArgs(tools=str(tools), response_format="json_object")).workload
+    numbered = dataclasses.replace(in_series(workload, 2, "single"), temperature=0.7)
+    body = numbered.request(3, "m").body
+    assert body["temperature"] == 0.7 and body["response_format"] == {"type": "json_object"}
+    assert [t["function"]["name"] for t in body["tools"]] == ["get_weather"]
+    assert "Story number t2-single-3." in body["messages"][0]["content"]  # the stories, numbered for this bench

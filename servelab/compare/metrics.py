@@ -108,6 +108,44 @@ def _per_request(value: Callable, level_of: Callable[[RunData], Summary | None] 
     return lambda run: _over_trials(run, level_of(run), part)
 
 
+def _per_request_share(verdict: Callable[[RequestRecord], bool | None]) -> Callable[[RunData], Resampler | None]:
+    """A share in % of the requests with a verdict (None: not judged), resampling whole requests."""
+    def part(run: RunData, level: Summary, trial: int) -> Resampler | None:
+        values = [100.0 if v else 0.0 for v in (verdict(r) for r in run.records_of(level.tag, trial))
+                  if v is not None]
+        return MeanOf(values) if values else None
+    return lambda run: _over_trials(run, single_level(run), part)
+
+
+def _single_level_figure(key: str) -> Callable[[RunData], Figure | None]:
+    def figure(run: RunData) -> Figure | None:
+        level = single_level(run)
+        return level.figures.get(key) if level is not None else None
+    return figure
+
+
+def _single_level_share(key: str) -> Callable[[RunData], Figure | None]:
+    """A level's share (a fraction) as the % compare shows shares in."""
+    def figure(run: RunData) -> Figure | None:
+        fig = _single_level_figure(key)(run)
+        if fig is None or fig.value is None:
+            return None
+        return Figure(value=fig.value * 100, unit="%", definition=fig.definition, note=fig.note)
+    return figure
+
+
+def _no_answers(run: RunData, key: str) -> str | None:
+    """Why a run has no tool-call or schema figure: its requests declared no tools, asked for no format, or (tools
+    declared, none called) made no call to time or judge."""
+    if _single_level_figure(key)(run) is not None:
+        return None
+    if key == "schema_valid_share":
+        return "not measured: its requests asked for no response format"
+    if _single_level_figure("tool_call_share")(run) is not None:
+        return "not measured: no request made a tool call"
+    return "not measured: its requests declared no tools"
+
+
 def _itl(run: RunData) -> Resampler | None:
     def part(run: RunData, level: Summary, trial: int) -> Resampler | None:
         return PooledMedian([m.token_gaps_ms(r) for r in run.records_of(level.tag, trial)])
@@ -517,6 +555,22 @@ _LIST += [
               _per_request(lambda r: _ms(m.e2e_ns(r)), unary_level), figure=_unary_figure("e2e_ms")),
     KeyMetric("unary.latency_p99_ms", "request latency ms (p99)", "ms", False, "request-latency",
               _request_latency_p99, figure=_latency_p99_figure),
+]
+# Tool calls and structured output (docs/metrics.md#tool-calls, #structured-output), at the single-stream level:
+# how soon a call starts, and how many calls and answers a client could use.
+_LIST += [
+    KeyMetric("single.tool_first_ms", "single-stream time to first tool-call token ms (p50)", "ms", False,
+              "tool-first", _per_request(lambda r: _ms(r.t_first_tool_ns - r.t_send_ns)
+                                         if r.ok and r.t_first_tool_ns is not None else None),
+              figure=_single_level_figure("tool_first_ms"), why_none=lambda run: _no_answers(run, "tool_first_ms")),
+    KeyMetric("single.tool_valid_share", "single-stream valid tool calls %", "%", True, "tool-valid-share",
+              _per_request_share(lambda r: r.tool_calls_valid if r.ok and r.tool_calls else None),
+              figure=_single_level_share("tool_valid_share"),
+              why_none=lambda run: _no_answers(run, "tool_valid_share")),
+    KeyMetric("single.schema_valid_share", "single-stream answers valid against the schema %", "%", True,
+              "schema-valid-share", _per_request_share(lambda r: r.schema_valid if r.ok else None),
+              figure=_single_level_share("schema_valid_share"),
+              why_none=lambda run: _no_answers(run, "schema_valid_share")),
 ]
 _LIST += _gpu_metrics()
 KEY_METRICS: dict[str, KeyMetric] = {k.key: k for k in _LIST}

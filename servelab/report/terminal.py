@@ -92,6 +92,7 @@ def render_levels(console: Console, result: BenchResult, gpu: bool = True) -> No
     render_server_gauges(console, result.levels)
     render_reasoning(console, result.levels)
     render_cache(console, result.levels)
+    render_answers(console, result.levels)
     if gpu:
         render_gpu(console, result.levels)
     if any(s.environment is not None and s.environment.contended for s in result.levels):
@@ -369,6 +370,21 @@ def render_cache(console: Console, levels: list[Summary]) -> None:
         print_table(console, f"{s.tag}: by turn", [key_col("turn"), Col("ok"), Col("prompt\ntokens"),
                                                    Col("cached\ntokens"), Col("cached\n%"), Col("TTFT\nms p50"),
                                                    Col("TTFT\nms p99")], rows)
+
+
+def render_answers(console: Console, levels: list[Summary]) -> None:
+    """Tool calls and structured output per level, where requests declared tools or asked for a format
+    (docs/metrics.md#tool-calls, #structured-output): how soon calls came, and how many a client could use."""
+    keys = ("tool_first_ms", "tool_call_ms", "tool_call_share", "tool_parse_share", "tool_valid_share",
+            "schema_valid_share")
+    shown = [s for s in levels if any(k in s.figures for k in keys)]
+    if not shown:
+        return
+    rows = [[s.tag, fmt(_value(s.figures, "tool_first_ms"), 0), fmt(_value(s.figures, "tool_call_ms"), 0)]
+            + [_pct(_value(s.figures, k)) for k in keys[2:]] for s in shown]
+    print_table(console, "tool calls and structured output",
+                [key_col("level"), Col("first tool\nms p50"), Col("call done\nms p50"), Col("called\n%"),
+                 Col("parse\n%"), Col("valid\n%"), Col("schema\nvalid %")], rows)
 
 
 def _value(figures: dict[str, Figure], key: str) -> float | None:

@@ -60,6 +60,7 @@ class StructuredWorkload:
     schema_file: str | None = None
     field: str = "response_format"
     series: str = ""  # numbers the wrapped workload's prompts apart per bench, where it numbers them (pipeline.py)
+    temperature: float | None = None  # an experiment's sampling temperature, handed to the wrapped workload
 
     kind = "structured"
 
@@ -75,7 +76,7 @@ class StructuredWorkload:
         if self.format == "json_object" and self.field != "response_format":
             raise UserError("--response-format json_object is a response_format; the guided fields take a schema",
                             hint="use json_schema:FILE with --schema-field")
-        self.inner = in_series(self.inner, self.series)
+        self.inner = in_series(self.inner, self.series, self.temperature)
 
     async def prepare(self, counter: PromptTokenCounter | None, needed: int | None = None) -> None:
         await self.inner.prepare(counter, needed)

@@ -68,14 +68,22 @@ BUILTIN_PROMPTS = [
 def builtin_prompts(endpoint: str, output: OutputSpec) -> DatasetWorkload:
     """The built-in prompts as a dataset workload, in order."""
     items = [DatasetItem(text, f"builtin tool prompt {n}") for n, text in enumerate(BUILTIN_PROMPTS, 1)]
-    return DatasetWorkload(path=Path(BUILTIN), format="builtin-tool-prompts", items=items, endpoint=endpoint,
-                           output=output)
+    # a path no file has: the workload's description names the built-in set, and no file's hash stands for it
+    return DatasetWorkload(path=Path("<builtin tool prompts>"), format="builtin-tool-prompts", items=items,
+                           endpoint=endpoint, output=output)
 
 
-def in_series(inner: Any, series: str) -> Any:
-    """The wrapped workload numbered by `series`, where it numbers its prompts."""
-    if series and dataclasses.is_dataclass(inner) and any(f.name == "series" for f in dataclasses.fields(inner)):
-        return dataclasses.replace(inner, series=series)
+def in_series(inner: Any, series: str, temperature: float | None = None) -> Any:
+    """The wrapped workload numbered by `series`, where it numbers its prompts, and sampling at `temperature` (an
+    experiment's, set on the wrapper: pipeline.py and experiment/model.py set both by dataclass field)."""
+    names = {f.name for f in dataclasses.fields(inner)} if dataclasses.is_dataclass(inner) else set()
+    if series and "series" in names:
+        inner = dataclasses.replace(inner, series=series)
+    if temperature is not None:
+        if "temperature" in names:
+            inner = dataclasses.replace(inner, temperature=temperature)
+        elif "output" in names and dataclasses.is_dataclass(inner.output):
+            inner = dataclasses.replace(inner, output=dataclasses.replace(inner.output, temperature=temperature))
     return inner
 
 
@@ -125,6 +133,7 @@ class ToolsWorkload:
     source: str  # "builtin" or the file's path
     tool_choice: str | dict[str, Any] | None = None
     series: str = ""  # numbers the wrapped workload's prompts apart per bench, where it numbers them (pipeline.py)
+    temperature: float | None = None  # an experiment's sampling temperature, handed to the wrapped workload
 
     kind = "tools"
 
@@ -135,7 +144,7 @@ class ToolsWorkload:
     def __post_init__(self) -> None:
         if self.inner.endpoint != CHAT:
             raise UserError("--tools needs the chat endpoint", hint="use --endpoint chat")
-        self.inner = in_series(self.inner, self.series)
+        self.inner = in_series(self.inner, self.series, self.temperature)
 
     async def prepare(self, counter: PromptTokenCounter | None, needed: int | None = None) -> None:
         await self.inner.prepare(counter, needed)
