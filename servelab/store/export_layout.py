@@ -29,6 +29,9 @@ RECORD_COLUMNS = [
     # calls made, send to the first tool_calls piece and to the finish that completed them, the verdicts
     "tool_calls", "tool_first_ms", "tool_call_ms", "tool_calls_parse", "tool_calls_valid", "tool_problem",
     "schema_valid", "schema_problem",
+    # non-streamed requests (embeddings, rerank; docs/metrics.md#non-streamed): stream false, and the inputs or
+    # documents the request carried (empty for streams)
+    "stream", "items",
 ]
 
 STATS = ["n", "mean", "min", "p50", "p90", "p95", "p99", "max"]
@@ -103,6 +106,7 @@ def record_row(r: RequestRecord) -> dict[str, Any]:
         "tool_call_ms": _ms(r.t_tool_done_ns - r.t_send_ns) if r.t_tool_done_ns is not None else None,
         "tool_calls_parse": r.tool_calls_parse, "tool_calls_valid": r.tool_calls_valid,
         "tool_problem": r.tool_problem, "schema_valid": r.schema_valid, "schema_problem": r.schema_problem,
+        "stream": r.stream, "items": r.items,
     }
 
 

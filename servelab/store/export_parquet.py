@@ -58,6 +58,7 @@ RECORD_TYPES: dict[str, str] = {
     "images": INT, "image_pixels": INT,
     "tool_calls": INT, "tool_first_ms": FLOAT, "tool_call_ms": FLOAT, "tool_calls_parse": BOOL,
     "tool_calls_valid": BOOL, "tool_problem": STR, "schema_valid": BOOL, "schema_problem": STR,
+    "stream": BOOL, "items": INT,
 }
 
 # (unit, anchor in docs/metrics.md or None) of the record columns that have a unit.
@@ -74,6 +75,7 @@ RECORD_UNITS: dict[str, tuple[str, str | None]] = {
     "answer_tokens": ("tokens", "answer-tokens"), "usage_reasoning_tokens": ("tokens", "reasoning"),
     "images": ("images", "images"), "image_pixels": ("pixels", "images"),
     "tool_first_ms": ("ms", "tool-first"), "tool_call_ms": ("ms", "tool-call"),
+    "items": ("items", "items-s"),
 }
 
 # The level columns that are not figures: their type and, where they have one, unit and anchor.
