@@ -353,3 +353,17 @@ def test_an_experiments_series_and_temperature_reach_the_wrapped_prompts(tmp_pat
     assert body["temperature"] == 0.7 and body["response_format"] == {"type": "json_object"}
     assert [t["function"]["name"] for t in body["tools"]] == ["get_weather"]
     assert "Story number t2-single-3." in body["messages"][0]["content"]  # the stories, numbered for this bench
+
+
+def test_a_piece_without_an_index_spoils_its_requests_calls_and_object_arguments_are_joined() -> None:
+    from servelab.bench.tool_calls import ToolCallJoiner, judge_answer
+
+    joiner = ToolCallJoiner()
+    joiner.add([{"index": 0, "id": "c", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}], 5)
+    joiner.add([{"function": {"arguments": "}"}}], 7)  # no index: a streaming client cannot place it
+    record = RequestRecord(index=0, endpoint="/v1/chat/completions", t_send_ns=1, t_end_ns=9, ok=True)
+    judge_answer(record, {"tools": BUILTIN_TOOLS}, joiner, 8)
+    assert json.loads(record.tool_calls[0].arguments) == {"city": "Oslo"}
+    assert (record.t_first_tool_ns, record.t_tool_done_ns) == (5, 8)
+    assert (record.tool_calls_parse, record.tool_calls_valid) == (False, False)
+    assert record.tool_problem.startswith("a tool_calls piece without an integer index")
