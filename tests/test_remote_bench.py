@@ -1,22 +1,23 @@
-"""`bench --on` through a real sshd: the client runs there, its run comes back into the local --out and store,
-marked with the host it ran on, checked whole by SHA-256 before it is used; the API key reaches the server and
-no file, command line or log.
+"""`bench --on` through a real sshd: the client runs there, on through a dropped connection, and its run comes
+back into the local --out and store, marked with the host it ran on, checked whole by SHA-256 before it is used;
+the API key reaches the server and no file, command line or log.
 
-One bench (module-scoped: it is the slow part) against a server that answers 401 without the key, so a run that
-completes is one whose every request carried it."""
+One bench (module-scoped: it is the slow part), its connection dropped mid-bench, against a server that answers
+401 without the key, so a run that completes is one whose every request carried it."""
 
 from __future__ import annotations
 
 import json
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 import ssh_host as harness
 from openai_fake import serving
-from remote_support import PY, SERVELAB, no_traceback, run
+from remote_support import PY, SERVELAB, Run, no_traceback
 from test_faults_client import KEY, guarded_llamacpp
 
 from servelab.errors import UserError
@@ -24,7 +25,7 @@ from servelab.remote.connection import SshConnection
 from servelab.remote.controller import RemoteJob, RemoteOptions
 from servelab.remote.target import SshTarget
 
-REQUESTS = 3
+DURATION_S = 3
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +42,9 @@ def host(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bench_there(host, tmp_path_factory):
-    """One `bench --on` with --api-key: (the run, its local out, the far side's root, the ssh argv log, the
-    requests the server saw as (path, authorised))."""
+    """One `bench --on` with --api-key whose connection is dropped mid-bench (it reconnects and goes on): (the
+    run, its local out, the far side's root, the ssh argv log, the requests the server saw as (path,
+    authorised))."""
     d = tmp_path_factory.mktemp("bench")
     ssh_log = d / "ssh-argv.log"
     ssh = d / "ssh-logging-argv"  # every ssh servelab runs, its command line written down first
@@ -51,14 +53,23 @@ def bench_there(host, tmp_path_factory):
     env = {**host.env, "SERVELAB_SSH": str(ssh)}
     app, seen = guarded_llamacpp()
     with serving(app) as url:
-        code, started = run(["bench", url, "--mode", "single", "--requests", str(REQUESTS), "--warmup", "0",
-                             "--max-tokens", "8", "--api-key", KEY, "--out", str(d / "local"), "--on", host.url,
-                             "--remote-dir", str(d / "far")], env, d, timeout=120)
+        started = Run(["bench", url, "--mode", "single", "--duration", str(DURATION_S), "--warmup", "0",
+                       "--max-tokens", "8", "--api-key", KEY, "--out", str(d / "local"), "--on", host.url,
+                       "--remote-dir", str(d / "far")], env, d)
+        try:
+            deadline = time.monotonic() + 60
+            while sum(path.endswith("/chat/completions") for path, _ in seen) < 3:  # measuring there
+                assert time.monotonic() < deadline and started.proc.poll() is None, started.stderr
+                time.sleep(0.05)
+            assert host.kill_sessions()
+            code = started.finish(120)
+        finally:
+            started.kill()
     assert code == 0, started.stdout + started.stderr
     return started, d / "local", d / "far", ssh_log, seen
 
 
-def test_the_run_comes_back_into_the_local_out_and_store(bench_there, host):
+def test_the_run_comes_back_into_the_local_out_and_store_after_a_drop_mid_bench(bench_there, host):
     started, local, far, _, _ = bench_there
     copied = [line for line in started.err if line.startswith("remote: copied ")]
     assert len(copied) == 1, started.stderr
@@ -73,10 +84,14 @@ def test_the_run_comes_back_into_the_local_out_and_store(bench_there, host):
     assert shown.returncode == 0, shown.stderr
     doc = json.loads(shown.stdout)
     assert doc["provenance"]["ran_on"] == host.url
-    assert [(level["requests"], level["ok"]) for level in doc["single"]["levels"]] == [(REQUESTS, REQUESTS)]
+    ((sent, ok),) = [(level["requests"], level["ok"]) for level in doc["single"]["levels"]]
+    assert sent == ok > 3
     from servelab.store.rundir import iter_records, records_file
 
-    assert len(list(iter_records(records_file(local / run_id)))) == REQUESTS
+    assert len(list(iter_records(records_file(local / run_id)))) == sent
+    # The bench went on there while the link was down; this side picked it up again.
+    assert any("dropped; reconnecting" in line for line in started.err), started.stderr
+    assert any(line.startswith("remote: reconnected to") for line in started.err), started.stderr
     # What the far side wrote is what came back, byte for byte.
     (there,) = far.glob(f"*/results/{run_id}")
     for name in ("summary.json", "records.jsonl.gz"):
