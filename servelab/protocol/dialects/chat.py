@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from servelab.protocol.chunks import read_chunk
-from servelab.protocol.dialects import Dialect
+from servelab.protocol.dialects.dialect import Dialect
 
 
 def chat_fields(messages: list[dict[str, Any]]) -> dict[str, Any]:

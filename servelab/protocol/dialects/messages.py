@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from servelab.protocol.chunks import ChunkView, MalformedChunk, _excerpt
-from servelab.protocol.dialects import Dialect
+from servelab.protocol.dialects.dialect import Dialect
 from servelab.protocol.dialects.common import NOTHING, count, error_view, event_type, text_of
 from servelab.records import Usage
 
