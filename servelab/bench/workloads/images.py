@@ -14,8 +14,9 @@ Every synthetic image is distinct (its pixels follow from the seed, the bench's 
 the image's place), so neither a prefix cache nor an engine's cache of encoded images (vLLM keys its own by the
 image's hash) serves one request's images to another: each request pays its own image encoding, as distinct user
 uploads do. Pixels are seeded noise, which no PNG compresses: an image is sent at about its raw size (W x H x 3
-bytes, and a third more as base64). Written without Pillow: the PNG stores its rows uncompressed (deflate level 0),
-so building one costs a copy and a CRC, not a compression, in the sender's hot path.
+bytes, and a third more as base64). Written without Pillow: the PNG stores its rows uncompressed, and all of an
+image but its last row is built (and base64-encoded) once per size, so the sender's hot path pays one row and one
+copy per image, not an encoding (SyntheticImages).
 """
 
 from __future__ import annotations
@@ -67,34 +68,75 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
     return sizes
 
 
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def _stored(raw: bytes, final: bool) -> bytes:
+    """`raw` as deflate stored blocks (at most 65,535 bytes each), the last one final when `final`."""
+    out = []
+    pieces = [raw[i:i + 65535] for i in range(0, len(raw), 65535)] or ([b""] if final else [])
+    for n, piece in enumerate(pieces):
+        last = final and n == len(pieces) - 1
+        out.append(struct.pack("<BHH", 1 if last else 0, len(piece), len(piece) ^ 0xFFFF) + piece)
+    return b"".join(out)
+
+
+def _filtered(rows: bytes, stride: int) -> bytes:
+    """PNG scanlines: each row after its filter byte (0: none)."""
+    return b"".join(b"\0" + rows[y:y + stride] for y in range(0, len(rows), stride))
+
+
 def png_bytes(width: int, height: int, rows: bytes) -> bytes:
     """An 8-bit RGB PNG of `rows` (height rows of width*3 bytes), its data stored uncompressed."""
-    stride = width * 3
-    assert len(rows) == stride * height
-    raw = b"".join(b"\0" + rows[y * stride:(y + 1) * stride] for y in range(height))  # filter byte 0 per row
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # depth 8, colour type 2 (RGB)
-    return _PNG_MAGIC + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 0)) + chunk(b"IEND", b"")
+    assert len(rows) == width * 3 * height
+    raw = _filtered(rows, width * 3)
+    return (_PNG_MAGIC + _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + _chunk(b"IDAT", b"\x78\x01" + _stored(raw, True) + struct.pack(">I", zlib.adler32(raw)))
+            + _chunk(b"IEND", b""))
 
 
 class SyntheticImages:
-    """Distinct noise images, each a pure function of (seed, name): one noise field per size, drawn once, with the
-    image's own noise over its first row (at least 64 bytes of it) so no two images are alike."""
+    """Distinct noise images, each a pure function of (seed, name): per size, one noise field for every row but the
+    last, drawn once, and the image's own noise in its last row, so no two images are alike.
+
+    Only the last row is built per image: the PNG up to it (signature, header, the field's rows as stored deflate
+    blocks in an IDAT chunk of their own, padded by a comment chunk to a multiple of 3 bytes) is made once per size,
+    and its base64 too, so an image costs its last row, two checksums carried on from the field's, and one copy."""
 
     def __init__(self, seed: str):
         self.seed = seed
-        self._fields: dict[tuple[int, int], bytes] = {}
+        self._heads: dict[tuple[int, int], tuple[bytes, str, int]] = {}
+
+    def _head(self, width: int, height: int) -> tuple[bytes, str, int]:
+        """(the PNG before the last row, its base64, the adler-32 of the field's scanlines)."""
+        head = self._heads.get((width, height))
+        if head is None:
+            stride = width * 3
+            field = random.Random(f"{self.seed}:{width}x{height}").randbytes(stride * (height - 1))
+            raw = _filtered(field, stride)
+            start = _PNG_MAGIC + _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            idat = _chunk(b"IDAT", b"\x78\x01" + _stored(raw, False))
+            pad = next(k for k in range(3) if (len(start) + 20 + k + len(idat)) % 3 == 0)  # tEXt: 12 + 8 + k
+            text = _chunk(b"tEXt", b"Comment\0" + b"-" * pad)
+            prefix = start + text + idat
+            head = self._heads[(width, height)] = (prefix, base64.b64encode(prefix).decode("ascii"),
+                                                   zlib.adler32(raw))
+        return head
+
+    def _tail(self, width: int, height: int, name: str) -> bytes:
+        _, _, adler = self._head(width, height)
+        row = b"\0" + random.Random(f"{self.seed}:{name}").randbytes(width * 3)
+        return (_chunk(b"IDAT", _stored(row, True) + struct.pack(">I", zlib.adler32(row, adler)))
+                + _chunk(b"IEND", b""))
 
     def png(self, width: int, height: int, name: str) -> bytes:
-        base = self._fields.get((width, height))
-        if base is None:
-            base = self._fields[(width, height)] = random.Random(f"{self.seed}:{width}x{height}").randbytes(
-                width * height * 3)
-        own = random.Random(f"{self.seed}:{name}").randbytes(min(len(base), max(width * 3, 64)))
-        return png_bytes(width, height, own + base[len(own):])
+        return self._head(width, height)[0] + self._tail(width, height, name)
+
+    def data_url(self, width: int, height: int, name: str) -> str:
+        """The image as a data URL; the same as data_url(png(...), "image/png"), built from the cached base64."""
+        return ("data:image/png;base64," + self._head(width, height)[1]
+                + base64.b64encode(self._tail(width, height, name)).decode("ascii"))
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:
@@ -221,9 +263,9 @@ class ImageWorkload:
         return spec
 
     def _synthetic_url(self, width: int, height: int, name: str) -> str:
-        png = self.images.png(width, height, name)
         if self.transport == "data":
-            return data_url(png, "image/png")
+            return self.images.data_url(width, height, name)
+        png = self.images.png(width, height, name)
         file_name = f"servelab-{self.seed}-{self.series or 'x'}-{name}-{width}x{height}.png"
         target = self.image_dir / file_name  # type: ignore[operator]
         if not target.exists():
@@ -266,4 +308,4 @@ def with_images(text: Any, a: Any) -> Any:
     if in_dataset:
         return ImageWorkload(inner=text, seed=a.seed, transport=a.image_url, from_dataset=True)
     return ImageWorkload(inner=text, counts=parse_counts(a.images), sizes=parse_sizes(a.image_size), seed=a.seed,
-                         transport=a.image_url, image_dir=a.image_dir)
+                         transport=a.image_url, image_dir=Path(a.image_dir) if a.image_dir is not None else None)
