@@ -75,23 +75,23 @@ def check_level_against_records(level, measured: list[RequestRecord]) -> None:
 @pytest.mark.engine
 def test_embeddings_on_the_real_engine_count_items_tokens_and_latency_from_the_records(pooled_engine):
     records: list[RequestRecord] = []
-    workload = EmbeddingsWorkload(batch=3, input_tokens=parse_length(16))
-    result = run(pooled_engine["url"], workload, records, single_requests=3, warmup=1)
+    workload = EmbeddingsWorkload(batch=2, input_tokens=parse_length(12))
+    result = run(pooled_engine["url"], workload, records, single_requests=3, warmup=0)
     (level,) = result.levels
     measured = [r for r in records if not r.warmup]
     assert len(measured) == 3 and level.ok == 3 and level.failed == 0
     for r in measured:
         assert r.ok and not r.stream and r.endpoint == "/v1/embeddings" and r.events == []
-        assert r.items == 3
-        # exact lengths: three inputs of 16 tokens each, as the server counted them
-        assert r.input_tokens == 48 == r.usage.prompt_tokens
+        assert r.items == 2
+        # exact lengths: two inputs of 12 tokens each, as the server counted them
+        assert r.input_tokens == 24 == r.usage.prompt_tokens
     assert result.workload["dimension"] == 576  # SmolLM2-135M's hidden size
-    assert result.workload["stream"] is False and result.workload["batch_size"] == 3
+    assert result.workload["stream"] is False and result.workload["batch_size"] == 2
     check_level_against_records(level, measured)
     f = level.figures
     # single stream: the window spans every request, so every one counts
-    assert f["items_s"].value == pytest.approx(9 / level.window_s)
-    assert f["input_tok_s"].value * level.window_s == pytest.approx(3 * 48, rel=1e-9)
+    assert f["items_s"].value == pytest.approx(6 / level.window_s)
+    assert f["input_tok_s"].value * level.window_s == pytest.approx(3 * 24, rel=1e-9)
     assert not any("prompt" in w and "usage" in w for w in level.warnings), level.warnings
     assert result.headline["single.items_s"] is f["items_s"] or result.headline["single.items_s"] == f["items_s"]
     assert "single.ttft_ms" not in result.headline and "single.decode_tok_s" not in result.headline
@@ -108,6 +108,60 @@ def test_rerank_against_llama_cpp_without_a_reranker_is_refused_in_one_line(pool
     assert said.startswith("the server serves no rerank endpoint: /v1/rerank HTTP 501 (This server does not "
                            "support reranking. Start it with `--reranking`"), said
     assert "/v1/score HTTP 404; /score HTTP 404" in said and "\n" not in said
+
+
+@pytest.fixture(scope="module")
+def rerank_engine(tmp_path_factory):
+    """llama.cpp with SmolLM2 and rank pooling (llama-server's --reranking): it serves /v1/rerank. SmolLM2 is no
+    reranker (llama.cpp scores with its output layer), so the scores mean nothing; the interface is llama.cpp's own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import _wait_health, free_port
+
+    from servelab.models import resolve_model
+
+    model = resolve_model("smollm2")
+    port = free_port()
+    log = tmp_path_factory.mktemp("rerank") / "engine.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve().parent / "llamacpp_pooled_server.py"), "--reranking",
+             "--model", str(model.path), "--port", str(port), "--parallel", "2", "--threads", "2", "--ctx-size",
+             "2048", "--alias", model.served_name], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_health(url, proc)
+        yield {"url": url, "model": model.served_name}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.engine
+def test_rerank_on_the_real_engine_scores_every_document_and_counts_them(rerank_engine):
+    records: list[RequestRecord] = []
+    # few and short: rank pooling through SmolLM2's output layer costs ~0.05 s a token on two busy cores
+    result = run(rerank_engine["url"], RerankWorkload(documents=2, input_tokens=parse_length(8)), records,
+                 single_requests=2, warmup=0)
+    assert result.workload["endpoint"] == "/v1/rerank" and result.workload["request_shape"] == "rerank"
+    assert result.workload["endpoints_tried_before"] == []  # llama.cpp serves the first path tried
+    (level,) = result.levels
+    measured = [r for r in records if not r.warmup]
+    assert len(measured) == 2 and all(r.ok and r.items == 2 and not r.stream for r in measured), \
+        [r.error_detail for r in measured]
+    check_level_against_records(level, measured)
+    # llama.cpp counts the prompt tokens of every (query, document) pair it scored
+    prompt = sum(r.usage.prompt_tokens for r in measured)
+    assert prompt > 2 * 2 * 8
+    assert level.figures["input_tok_s"].value * level.window_s == pytest.approx(prompt, rel=1e-9)
+    assert level.figures["items_s"].value == pytest.approx(4 / level.window_s)
 
 
 # ---- rerank in each engine's shape, and wrong answers (the fake server) ---------------------------------------
