@@ -9,6 +9,7 @@ import signal
 import time
 
 import psutil
+import pytest
 
 from remote_support import READY, Run, engine_processes, health, no_traceback, wait_gone
 
@@ -38,6 +39,7 @@ def test_a_killed_controller_with_on_disconnect_stop_stops_the_engine_within_the
     assert events.splitlines()[-1] == '{"k":"exit","code":0}'
 
 
+@pytest.mark.slow  # beyond the killed controller's test, which the default suite runs: the same stop, another cause
 def test_a_frozen_controller_on_a_link_gone_silent_counts_as_gone(ssh_host, tmp_path):
     """A laptop put to sleep, a link cut without a FIN: the far side's follower can still write into its
     connection's buffers, so only what the controller says, not the follower's own life, keeps the engine up."""
@@ -91,3 +93,26 @@ def test_a_sigkilled_remote_servelab_is_said_in_one_line_and_the_guard_stops_its
     # The engine's guard (lifecycle/guard.py) outlives the worker and stops the engine: TERM, then KILL after 5 s.
     assert wait_gone(ssh_host, 15) == []
     assert health(url) is None
+
+
+@pytest.mark.slow  # a grace waited out on both sides
+def test_a_host_unreachable_for_the_whole_grace_is_given_up_on_in_one_line_and_its_engine_stops(ssh_host, tmp_path):
+    up, url = up_ready(ssh_host, tmp_path, "--on-disconnect", "stop")
+    listener = psutil.Process(ssh_host.process.pid)
+    listener.suspend()  # new connections get no banner, as from a host that went away
+    try:
+        ssh_host.kill_sessions()
+        lost_at = time.monotonic()
+        code = up.finish(GRACE_S + 15)
+        gave_up_after = time.monotonic() - lost_at
+        assert code == 2, up.stdout + up.stderr
+        errors = [line for line in up.err if line.startswith("error:")]
+        assert errors == [f"error: lost {ssh_host.url} for {GRACE_S} s: it has stopped the engine there, as "
+                          f"--on-disconnect stop says"], up.stderr
+        assert gave_up_after < GRACE_S + 5  # each try within what is left of the grace, not ssh's own timeout
+        assert wait_gone(ssh_host, 15) == []  # and so it has
+        assert health(url) is None
+        no_traceback(up.stderr)
+    finally:
+        listener.resume()
+        up.kill()

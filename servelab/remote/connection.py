@@ -101,7 +101,7 @@ class SshConnection:
             if self.check():
                 return
             time.sleep(0.05)
-        self.close()
+        self._stop_master()  # not close(): that removes the control socket's directory, which a retry needs
         raise UserError(f"ssh to {self.target} did not connect within {wait_s:.0f} s")
 
     def check(self) -> bool:
@@ -142,11 +142,12 @@ class SshConnection:
                                 stderr=subprocess.PIPE, bufsize=0, preexec_fn=_pdeathsig_preexec(),
                                 process_group=0)
 
-    def reconnect(self) -> bool:
-        """A new master after the old one died (the connection dropped); False when the host cannot be reached."""
+    def reconnect(self, wait_s: float = CONNECT_TIMEOUT_S) -> bool:
+        """A new master after the old one died (the connection dropped), within `wait_s`; False when the host
+        cannot be reached by then."""
         self._stop_master()
         try:
-            self.start_master(wait_s=CONNECT_TIMEOUT_S)
+            self.start_master(wait_s=wait_s)
         except UserError:
             return False
         return True

@@ -221,8 +221,10 @@ class RemoteJob:
         started = time.monotonic()
         on_note(f"the connection to {self.conn.target} dropped; reconnecting (the far side waits "
                 f"{self.options.grace_s:g} s for a controller)")
-        while time.monotonic() - started < self.options.grace_s:
-            if self.conn.reconnect():
+        while (left := self.options.grace_s - (time.monotonic() - started)) > 0:
+            # each try within what is left of the grace, not ssh's own ConnectTimeout: a host that accepts but
+            # never answers (gone, or its sshd hung) must not hold a 2 s grace for 20
+            if self.conn.reconnect(wait_s=max(left, 1.0)):
                 on_note(f"reconnected to {self.conn.target} after {time.monotonic() - started:.1f} s; following "
                         f"again")
                 return
