@@ -123,3 +123,12 @@ def test_a_remote_disk_filling_mid_run_ends_it_in_one_line_with_the_engine_stopp
     assert "is full" in line
     assert not any(READY.search(x) for x in started.out)
     assert wait_gone(ssh_host, 15) == []  # the engine there stopped, not left serving unseen
+
+
+def test_attach_to_a_job_that_is_not_there_says_so_in_one_line(ssh_host, tmp_path):
+    gone = tmp_path / "far" / "20261201-000000-00000000"
+    code, started = run(["attach", ssh_host.url, str(gone)], ssh_host.env, tmp_path)
+    assert code == 2, started.stdout + started.stderr
+    line = one_error(started)
+    assert line.startswith(f"error: on {ssh_host.url}: no job at {gone} on "), line
+    assert line.endswith("(gone after a reboot, or cleaned up?)"), line  # and no "what it wrote is in …" there

@@ -36,6 +36,7 @@ from servelab.remote.protocol import BEAT_S, PROTOCOL, encode
 DEFAULT_ROOT = "~/.servelab/remote"
 DISCONNECT_POLICIES = ("stop", "keep")
 MANIFEST = "MANIFEST.json"
+NO_JOB = 4  # follow's exit status when there is no such job directory
 TOUCH_EVERY_S = 1.0
 POLICY_HELP = "What the engine does when the controller is gone past the grace period."
 
@@ -138,7 +139,7 @@ def follow(
     "alive" lines on stdin), keep controller.alive fresh."""
     events = job_dir / "events.jsonl"
     if not events.exists():
-        _fail(f"no job at {job_dir} on {socket.gethostname()} (gone after a reboot, or cleaned up?)")
+        _fail(f"no job at {job_dir} on {socket.gethostname()} (gone after a reboot, or cleaned up?)", NO_JOB)
     out = sys.stdout.buffer
     alive = job_dir / "controller.alive"
     _touch(alive)  # the controller has just connected

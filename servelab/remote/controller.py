@@ -24,7 +24,7 @@ from typing import Any
 
 from servelab import __version__
 from servelab.errors import UserError
-from servelab.remote.agent import MANIFEST
+from servelab.remote.agent import MANIFEST, NO_JOB
 from servelab.remote.connection import NOT_FOUND, SSH_FAILED, SshConnection
 from servelab.remote.protocol import BEAT_S, compatibility, decode
 
@@ -127,6 +127,8 @@ class RemoteJob:
             outcome = self._follow_once(on_event)
             if outcome == "exit":
                 return self.exit_code if self.exit_code is not None else 1
+            if outcome.startswith("nojob:"):
+                raise UserError(f"on {self.conn.target}: {outcome[6:]}")
             if outcome.startswith("lost:"):
                 raise UserError(f"on {self.conn.target}: {outcome[5:]}",
                                 hint=f"what it wrote is in {self.dir} there")
@@ -174,7 +176,8 @@ class RemoteJob:
                     if proc.returncode == SSH_FAILED or not self.conn.master_alive:
                         return "dropped"
                     stderr = _last(proc.stderr.read() if proc.stderr else b"")
-                    return f"lost:{stderr.removeprefix('error: ') or 'the follower ended without the exit line'}"
+                    why = stderr.removeprefix('error: ') or 'the follower ended without the exit line'
+                    return f"{'nojob' if proc.returncode == NO_JOB else 'lost'}:{why}"
                 last_heard = time.monotonic()
                 event = decode(raw)
                 if event is None:  # still a line of the file (one a full disk tore): counted, so a resume is exact
