@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from servelab.bench.figures import FIGURES
+from servelab.bench.request_figures import tool_call_ns, tool_first_ns
 from servelab.bench.sketch import distribution
 from servelab.records import Figure, RequestRecord
 
@@ -38,9 +39,8 @@ class ToolRow(NamedTuple):
 
 def tool_row(r: RequestRecord) -> ToolRow:
     """The row of one successful request that declared tools (its `tool_calls` is a list)."""
-    called = bool(r.tool_calls)
-    return ToolRow(called, _ms(r.t_first_tool_ns, r.t_send_ns), _ms(r.t_tool_done_ns, r.t_send_ns),
-                   bool(r.tool_calls_parse), bool(r.tool_calls_valid))
+    return ToolRow(bool(r.tool_calls), _ms(tool_first_ns(r)), _ms(tool_call_ns(r)), bool(r.tool_calls_parse),
+                   bool(r.tool_calls_valid))
 
 
 def answer_figures(tool_rows: Iterable[ToolRow], schema_verdicts: Iterable[bool]) -> dict[str, Figure]:
@@ -68,5 +68,5 @@ def answer_figures(tool_rows: Iterable[ToolRow], schema_verdicts: Iterable[bool]
     return out
 
 
-def _ms(t_ns: int | None, t_send_ns: int) -> float | None:
-    return (t_ns - t_send_ns) / NS_PER_MS if t_ns is not None else None
+def _ms(ns: int | None) -> float | None:
+    return ns / NS_PER_MS if ns is not None else None

@@ -44,6 +44,16 @@ def e2e_ns(r: RequestRecord) -> int | None:
     return r.t_end_ns - r.t_send_ns if r.t_end_ns is not None else None
 
 
+def tool_first_ns(r: RequestRecord) -> int | None:
+    """Time to the first tool-call token: the first event that carried a tool_calls piece (docs/metrics.md#tool-first)."""
+    return r.t_first_tool_ns - r.t_send_ns if r.t_first_tool_ns is not None else None
+
+
+def tool_call_ns(r: RequestRecord) -> int | None:
+    """Time to a complete call: the finish_reason that completed the request's calls (docs/metrics.md#tool-call)."""
+    return r.t_tool_done_ns - r.t_send_ns if r.t_tool_done_ns is not None else None
+
+
 def decode_span(r: RequestRecord) -> tuple[int, int] | None:
     """(tokens after the first event, ns from the first to the last token event), or None if undefined."""
     ev = token_events(r)

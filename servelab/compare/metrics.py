@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from servelab.bench import metrics as m
+from servelab.bench.request_figures import tool_first_ns
 from servelab.bench.steady import is_measured
 from servelab.compare.bootstrap import (BinnedRate, EnergyPerToken, MeanOf, MedianOf, PercentileOf, PooledMedian,
                                          Resampler, Trials, time_bins)
@@ -560,8 +561,7 @@ _LIST += [
 # how soon a call starts, and how many calls and answers a client could use.
 _LIST += [
     KeyMetric("single.tool_first_ms", "single-stream time to first tool-call token ms (p50)", "ms", False,
-              "tool-first", _per_request(lambda r: _ms(r.t_first_tool_ns - r.t_send_ns)
-                                         if r.ok and r.t_first_tool_ns is not None else None),
+              "tool-first", _per_request(lambda r: _ms(tool_first_ns(r)) if r.ok else None),
               figure=_single_level_figure("tool_first_ms"), why_none=lambda run: _no_answers(run, "tool_first_ms")),
     KeyMetric("single.tool_valid_share", "single-stream valid tool calls %", "%", True, "tool-valid-share",
               _per_request_share(lambda r: r.tool_calls_valid if r.ok and r.tool_calls else None),

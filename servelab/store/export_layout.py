@@ -10,6 +10,7 @@ from typing import Any
 
 from servelab.bench import metrics
 from servelab.bench.figures import GPU_FIGURES, LEVEL_FIGURES
+from servelab.bench.request_figures import tool_call_ns, tool_first_ns
 from servelab.host.gpu_telemetry.sampler import SERIES_FILE as GPU_SERIES_FILE
 from servelab.records import RequestRecord, Summary
 
@@ -102,8 +103,7 @@ def record_row(r: RequestRecord) -> dict[str, Any]:
         "answer_tokens": r.answer_tokens, "usage_reasoning_tokens": usage.reasoning_tokens if usage else None,
         "conversation": r.conversation, "turn": r.turn, "images": r.images, "image_pixels": r.image_pixels,
         "tool_calls": len(r.tool_calls) if r.tool_calls is not None else None,
-        "tool_first_ms": _ms(r.t_first_tool_ns - r.t_send_ns) if r.t_first_tool_ns is not None else None,
-        "tool_call_ms": _ms(r.t_tool_done_ns - r.t_send_ns) if r.t_tool_done_ns is not None else None,
+        "tool_first_ms": _ms(tool_first_ns(r)), "tool_call_ms": _ms(tool_call_ns(r)),
         "tool_calls_parse": r.tool_calls_parse, "tool_calls_valid": r.tool_calls_valid,
         "tool_problem": r.tool_problem, "schema_valid": r.schema_valid, "schema_problem": r.schema_problem,
         "stream": r.stream, "items": r.items,
