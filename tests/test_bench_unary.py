@@ -373,3 +373,15 @@ def test_compare_sets_items_per_second_and_latency_side_by_side_with_intervals(t
     render_comparison(Console(file=out, width=220, color_system=None), comparison)
     shown = out.getvalue()
     assert "items/s" in shown and "request latency ms (p50)" in shown
+
+
+def test_the_progress_line_counts_items_not_tokens_for_non_streamed_requests():
+    from servelab.report.progress import LevelProgress
+
+    progress = LevelProgress()
+    progress.begin("c2")
+    for r in unary_records(0, 3, 4):
+        line = progress.add(r)
+    assert "12 items (" in line and "tokens" not in line
+    failed = unary_records(0, 1, 4)[0].model_copy(update={"ok": False, "error_kind": "parse"})
+    assert "12 items (" in progress.add(failed) and "(1 failed)" in progress.line()

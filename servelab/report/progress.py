@@ -32,6 +32,7 @@ PIPE_PROGRESS_S = 10.0  # into a pipe or a file: a line this often
 class LevelProgress:
     def __init__(self, engine_pids: Iterable[int] = ()) -> None:
         self.tag, self.n, self.failed, self.tokens = "", 0, 0, 0
+        self.items: int | None = None  # non-streamed requests (embeddings, rerank): their inputs or documents
         self.label: str | None = None  # shown instead of the tag (the warm-up: "warming up: 8 concurrent + 1")
         self.started: float | None = None  # time.monotonic() when the level began
         self.planned_s: float | None = None  # the level's duration (it may run on until steady, to its cap)
@@ -60,7 +61,7 @@ class LevelProgress:
               planned_requests: int | None = None, warmup: str | None = None) -> None:
         """A level (or, with `warmup`, its description, the warm-up) begins: count afresh."""
         with self._lock:
-            self.tag, self.n, self.failed, self.tokens = tag, 0, 0, 0
+            self.tag, self.n, self.failed, self.tokens, self.items = tag, 0, 0, 0, None
             self.label = f"warming up: {warmup}" if warmup else None
             self.started = time.monotonic()
             self.planned_s, self.cap_s, self.planned_requests = planned_s, cap_s, planned_requests
@@ -70,10 +71,13 @@ class LevelProgress:
             # A level the runner did not announce: count it afresh (a warm-up record counts to the warm-up).
             if record.tag != self.tag and not (record.warmup and self.label):
                 self.tag, self.n, self.failed, self.tokens, self.label = record.tag, 0, 0, 0, None
+                self.items = None
                 self.started, self.planned_s, self.cap_s, self.planned_requests = time.monotonic(), None, None, None
             self.n += 1
             self.failed += 0 if record.ok or record.error_kind == "cancelled" else 1
             self.tokens += record.output_tokens
+            if not record.stream:  # no tokens to count: the items it carried
+                self.items = (self.items or 0) + ((record.items or 0) if record.ok else 0)
             return self._line()
 
     # ---- read ----
@@ -96,12 +100,13 @@ class LevelProgress:
         failed = f" ({self.failed:,} failed)" if self.failed else ""
         of = f"/{self.planned_requests:,}" if self.planned_requests else ""
         parts.append(f"{self.n:,}{of} request{'' if self.n == 1 and not of else 's'}{failed}")
+        count, what = (self.items, "items") if self.items is not None else (self.tokens, "tokens")
         rate = ""
-        if self.started is not None and self.tokens:
+        if self.started is not None and count:
             elapsed = time.monotonic() - self.started
             if elapsed > 0:
-                rate = f" ({self.tokens / elapsed:,.0f}/s)"
-        parts.append(f"{self.tokens:,} tokens{rate}")
+                rate = f" ({count / elapsed:,.0f}/s)"
+        parts.append(f"{count:,} {what}{rate}")
         if self.cpu is not None:
             parts.append(f"client CPU {self.cpu:.0%} of a core")
         if self.engine_cpu is not None:
