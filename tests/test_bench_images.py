@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from servelab.bench.image_figures import ImageRow, image_figures
 from servelab.bench.options import BenchArgs, build_options
@@ -22,6 +23,7 @@ from servelab.bench.runner import bench
 from servelab.bench.workloads.images import SyntheticImages, image_size, parse_sizes, png_bytes
 from servelab.errors import UserError
 from servelab.models import resolve_model
+from servelab.report.terminal import render_images
 from servelab.verify.runner import verify
 from tests.conftest import _wait_health, free_port
 from tests.png import read_png
@@ -163,6 +165,10 @@ def test_bench_sends_images_and_the_servers_prompt_grows_by_one_images_tokens_pe
     assert level.figures["images_per_request"].value == 1.0
     assert level.figures["ttft_image_ms"].dist.n == 4 and level.figures["ttft_text_ms"].dist.n == 2
     assert result.workload["kind"] == "images" and result.workload["image_sizes"] == ["224x224", "64x48"]
+    console = Console(record=True, width=120)
+    render_images(console, result.levels)
+    table = console.export_text()
+    assert "single: by image count and size" in table and f"│ 2      │   0.100 │  1 │ {two:>6} │" in table
 
 
 def test_a_text_bench_has_no_image_figures(vision_server) -> None:
@@ -170,6 +176,9 @@ def test_a_text_bench_has_no_image_figures(vision_server) -> None:
     (level,) = result.levels
     assert level.ok == 2 and level.images == [] and all(r.images is None for r in records)
     assert not {"images_per_request", "image_megapixels", "ttft_image_ms", "ttft_text_ms"} & set(level.figures)
+    console = Console(record=True, width=120)
+    render_images(console, result.levels)
+    assert console.export_text() == ""
 
 
 def test_file_urls_name_images_in_the_servers_media_path(vision_server) -> None:

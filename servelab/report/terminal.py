@@ -93,6 +93,7 @@ def render_levels(console: Console, result: BenchResult, gpu: bool = True) -> No
     render_reasoning(console, result.levels)
     render_cache(console, result.levels)
     render_answers(console, result.levels)
+    render_images(console, result.levels)
     if gpu:
         render_gpu(console, result.levels)
     if any(s.environment is not None and s.environment.contended for s in result.levels):
@@ -385,6 +386,20 @@ def render_answers(console: Console, levels: list[Summary]) -> None:
     print_table(console, "tool calls and structured output",
                 [key_col("level"), Col("first tool\nms p50"), Col("call done\nms p50"), Col("called\n%"),
                  Col("parse\n%"), Col("valid\n%"), Col("schema\nvalid %")], rows)
+
+
+def render_images(console: Console, levels: list[Summary]) -> None:
+    """Chat with images, per level that sent any (docs/metrics.md#images): by image count and size, the requests'
+    TTFT and the prompt the server counted, so what an image costs in prefill reads off the rows."""
+    for s in levels:
+        if not s.images:
+            continue
+        rows = [[str(g.images), fmt(g.megapixels, 3), str(g.requests), fmt(g.prompt_tokens_mean, 0),
+                 fmt(g.ttft_ms.p50 if g.ttft_ms else None, 0), fmt(g.ttft_ms.p99 if g.ttft_ms else None, 0)]
+                for g in s.images]
+        print_table(console, f"{s.tag}: by image count and size",
+                    [key_col("images"), Col("MP per\nrequest"), Col("ok"), Col("prompt\ntokens"),
+                     Col("TTFT\nms p50"), Col("TTFT\nms p99")], rows)
 
 
 def _value(figures: dict[str, Figure], key: str) -> float | None:
