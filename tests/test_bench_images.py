@@ -18,11 +18,15 @@ import pytest
 from rich.console import Console
 
 from servelab.bench.image_figures import ImageRow, image_figures
+from servelab.bench.metrics import summarize
 from servelab.bench.options import BenchArgs, build_options
 from servelab.bench.runner import bench
+from servelab.bench.tally import LevelTally
+from servelab.bench.trials import pool_level
 from servelab.bench.workloads.images import SyntheticImages, image_size, parse_sizes, png_bytes
 from servelab.errors import UserError
 from servelab.models import resolve_model
+from servelab.records import RequestRecord, TokenEvent, Usage
 from servelab.report.terminal import render_images
 from servelab.verify.runner import verify
 from tests.conftest import _wait_health, free_port
@@ -233,3 +237,24 @@ def test_verify_images_passes_with_a_vision_model_and_skips_without(vision_serve
                 if c.id == "images"]
     assert plain.outcome == "skip" and plain.reason.startswith("the server has no vision model loaded")
     assert "mmproj" in plain.reason
+
+
+def test_image_groups_pool_over_every_trials_requests() -> None:
+    ms, t0 = 1_000_000, 10**12
+
+    def record(trial: int, i: int, images: int) -> RequestRecord:
+        send = t0 + (trial * 100 + i) * 1_000 * ms
+        events = [TokenEvent(t_ns=send + (10 + 40 * images + k) * ms, kind="answer", tokens=1, text="x")
+                  for k in range(2)]
+        return RequestRecord(index=i, trial=trial, tag="c1", endpoint="/v1/chat/completions", t_send_ns=send,
+                             t_end_ns=events[-1].t_ns + ms, events=events, count_method="server_per_chunk", ok=True,
+                             saw_done=True, images=images, image_pixels=images * 50_176,
+                             usage=Usage(prompt_tokens=30 + 30 * images, completion_tokens=2))
+
+    trials = [[record(trial, i, i % 2) for i in range(4)] for trial in (0, 1)]
+    levels = [summarize(rs, tag="c1", mode="concurrency", concurrency=1, window=(rs[0].t_send_ns, rs[-1].t_end_ns))
+              for rs in trials]
+    pooled = pool_level(levels, LevelTally.from_records([r for rs in trials for r in rs]), [0, 1])
+    assert [(g.images, g.requests, g.prompt_tokens_mean) for g in pooled.images] == [(0, 4, 30.0), (1, 4, 60.0)]
+    assert pooled.images[1].ttft_ms.p50 == 50.0 and pooled.figures["ttft_text_ms"].value == 10.0
+    assert pooled.figures["images_per_request"].dist.n == 8
