@@ -318,6 +318,7 @@ def test_the_real_engine_answers_in_the_schema_and_the_share_is_what_jsonschema_
 def test_the_exports_and_compare_carry_the_tool_figures_and_a_run_without_tools_shows_none(tmp_path) -> None:
     from servelab.compare.compare import compare_runs
     from servelab.compare.sources import load_run_dir
+    from servelab.report.html_sections import answers_table
     from servelab.store.export import export_csv
 
     cases = ["split", "unparsed", "text"]
@@ -333,7 +334,11 @@ def test_the_exports_and_compare_carry_the_tool_figures_and_a_run_without_tools_
     assert [by_prompt[str(i)]["tool_calls"] for i in range(3)] == ["1", "1", "0"]
     assert [by_prompt[str(i)]["tool_calls_valid"] for i in range(3)] == ["True", "False", ""]
     assert float(by_prompt["0"]["tool_first_ms"]) <= float(by_prompt["0"]["tool_call_ms"])
-    comparison = compare_runs([load_run_dir(run.run_dir) for run in runs])
+    loaded = [load_run_dir(run.run_dir) for run in runs]
+    comparison = compare_runs(loaded)
+    html = answers_table(loaded[0].trials)  # the HTML report's table, trial by trial
+    assert "Tool calls and structured output" in html and "66.7 %" in html and "50.0 %" in html
+    assert answers_table(loaded[2].trials) == ""
     shares = next(r for r in comparison.rows if r.key == "single.tool_valid_share")
     assert [cell.value for cell in shares.figures[:2]] == [50.0, 50.0]  # 1 of the 2 requests that called
     assert shares.figures[2].value is None  # the run without tools has no such figure

@@ -116,6 +116,7 @@ def run_section(run: RunData, answers: list[str]) -> str:
             ["trial", "", "step", "level", "ok/sent", "output tok/s", "decode tok/s p50", "TTFT ms p50", "TTFT p99",
              "ITL ms p50", "ITL p99", "window s", "machine"], levels, numeric=set(range(4, 12))))
     parts.append(reasoning_table(trials))
+    parts.append(answers_table(trials))
     parts.append(gpu_table(trials))
     if run.launch is not None:
         phases = [[e(p.name), e(fmt(p.start_s, 2)), e(fmt(p.end_s, 2)), e(p.detail)] for p in run.launch.phases]
@@ -178,6 +179,28 @@ def reasoning_table(trials: list) -> str:
     return "<h3>Reasoning and answer tokens</h3>" + _table(
         ["trial", "level", "reasoning tok/req (mean)", "p50", "answer tok/req (mean)", "p50", "reasoning share",
          "answer tok/s", "output tok/s", "TTFO ms p50"], rows, numeric=set(range(2, 10)))
+
+
+ANSWER_KEYS = ("tool_first_ms", "tool_call_ms", "tool_call_share", "tool_parse_share", "tool_valid_share",
+               "schema_valid_share")
+
+
+def answers_table(trials: list) -> str:
+    """Tool calls and structured output per level, trial by trial, where requests declared tools or asked for a
+    format; "" otherwise (docs/metrics.md#tool-calls, #structured-output)."""
+    levels = [(trial.index, s) for trial in trials for s in trial.levels
+              if any(k in s.figures for k in ANSWER_KEYS)]
+    if not levels:
+        return ""
+
+    def pct(x: float | None) -> str:
+        return "–" if x is None else f"{x * 100:.1f} %"
+    rows = [[e(index + 1), e(s.tag), e(fmt(_p(s.figures, "tool_first_ms", "p50"))),
+             e(fmt(_p(s.figures, "tool_call_ms", "p50")))] + [e(pct(_v(s.figures, k))) for k in ANSWER_KEYS[2:]]
+            for index, s in levels]
+    return "<h3>Tool calls and structured output</h3>" + _table(
+        ["trial", "level", "first tool-call token ms p50", "complete call ms p50", "called", "calls parse",
+         "calls valid", "answers valid against the schema"], rows, numeric=set(range(2, 8)))
 
 
 def gpu_table(trials: list) -> str:
