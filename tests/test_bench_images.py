@@ -258,3 +258,20 @@ def test_image_groups_pool_over_every_trials_requests() -> None:
     assert [(g.images, g.requests, g.prompt_tokens_mean) for g in pooled.images] == [(0, 4, 30.0), (1, 4, 60.0)]
     assert pooled.images[1].ttft_ms.p50 == 50.0 and pooled.figures["ttft_text_ms"].value == 10.0
     assert pooled.figures["images_per_request"].dist.n == 8
+
+
+def test_compare_sets_the_ttft_of_requests_with_images_side_by_side_and_a_run_without_says_why(tmp_path) -> None:
+    import servelab.api
+    from servelab.compare.compare import compare_runs
+    from servelab.compare.sources import load_run_dir
+    from tests.openai_fake import FakeOpenAI, serving
+
+    with serving(FakeOpenAI().app()) as url:
+        runs = [servelab.api.bench(url, mode="single", max_tokens=4, warmup=0, tokenizer="none", requests=4,
+                                   out=tmp_path / name, **extra)
+                for name, extra in (("images", {"images": "0,1"}), ("plain", {}))]
+    comparison = compare_runs([load_run_dir(run.run_dir) for run in runs])
+    row = next(r for r in comparison.rows if r.key == "single.ttft_image_ms")
+    with_images, plain = row.figures[:2]
+    assert with_images.value == runs[0].result.levels[0].figures["ttft_image_ms"].value
+    assert plain.value is None

@@ -572,5 +572,14 @@ _LIST += [
               figure=_single_level_share("schema_valid_share"),
               why_none=lambda run: _no_answers(run, "schema_valid_share")),
 ]
+# Chat with images (docs/metrics.md#images), at the single-stream level: the prefill the images cost, apart from
+# text-only requests.
+_LIST += [
+    KeyMetric("single.ttft_image_ms", "single-stream TTFT of requests with images ms (p50)", "ms", False,
+              "ttft-by-images", _per_request(lambda r: _ms(m.ttft_ns(r)) if r.ok and r.images else None),
+              figure=_single_level_figure("ttft_image_ms"),
+              why_none=lambda run: None if _single_level_figure("ttft_image_ms")(run) is not None
+              else "not measured: its requests carried no images"),
+]
 _LIST += _gpu_metrics()
 KEY_METRICS: dict[str, KeyMetric] = {k.key: k for k in _LIST}
