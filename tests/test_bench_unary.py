@@ -385,3 +385,19 @@ def test_the_progress_line_counts_items_not_tokens_for_non_streamed_requests():
     assert "12 items (" in line and "tokens" not in line
     failed = unary_records(0, 1, 4)[0].model_copy(update={"ok": False, "error_kind": "parse"})
     assert "12 items (" in progress.add(failed) and "(1 failed)" in progress.line()
+
+
+def test_a_non_streamed_level_has_the_gpu_s_power_and_activity_but_no_per_token_energy():
+    from servelab.bench.gpu_figures import gpu_level_figures
+    from servelab.bench.gpu_run import attach_gpu
+    from servelab.bench.metrics import summarize
+    from servelab.records import GpuSummary
+
+    rs = unary_records(0, 4, 2)
+    level = summarize(rs, tag="single", mode="single", concurrency=1, window=(rs[0].t_send_ns, rs[-1].t_end_ns))
+    attach_gpu(level, GpuSummary(measured=False, reason="no GPU telemetry source"))
+    gpu = {k for k in level.figures if k.startswith(("gpu_", "j_per", "output_tokens_per"))}
+    assert gpu == {"gpu_power_w_mean", "gpu_sm_active_pct_mean", "gpu_idle_share"}
+    assert level.figures["gpu_power_w_mean"].note == "not measured: no GPU telemetry source"
+    streamed = gpu_level_figures(GpuSummary(measured=False, reason="x"))
+    assert {"j_per_output_token", "output_tokens_per_j"} <= set(streamed)

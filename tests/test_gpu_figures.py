@@ -424,8 +424,11 @@ def test_every_gpu_figure_has_its_function_its_anchor_and_a_csv_position_after_t
     page = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
     assert '<a id="gpu"></a>' in page
     assert [f.key for f in GPU_FIGURES if f'<a id="{f.definition}"></a>' not in page] == []
-    last = max(f.csv.position for f in LEVEL_FIGURES if f.csv)
+    # right after the request figures that were there before them; request figures added since come after them
+    first = GPU_FIGURES[0].csv.position
+    last = max(f.csv.position for f in LEVEL_FIGURES if f.csv and f.csv.position < first)
     assert [f.csv.position for f in GPU_FIGURES] == list(range(last + 1, last + 1 + len(GPU_FIGURES)))
+    assert all(f.csv.position > GPU_FIGURES[-1].csv.position for f in LEVEL_FIGURES if f.csv and f.csv.position > last)
     assert not {f.key for f in GPU_FIGURES} & {f.key for f in LEVEL_FIGURES}
     assert all(f.pooling is Pooling.TELEMETRY and not f.terminal for f in GPU_FIGURES)
 

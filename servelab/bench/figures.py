@@ -207,11 +207,12 @@ GPU_FIGURES: tuple[LevelFigure, ...] = (
          csv=(23, "value")),
     _fig("output_tokens_per_j", "tok/J", HIGHER, "gpu-tokens-per-j", TELEMETRY, counts_tokens=True,
          csv=(24, "value")),
-    _fig("gpu_power_w_mean", "W", NEITHER, "gpu-power", TELEMETRY, counts_tokens=False, csv=(25, "value")),
+    _fig("gpu_power_w_mean", "W", NEITHER, "gpu-power", TELEMETRY, counts_tokens=False, csv=(25, "value"),
+         applies="all"),
     _fig("gpu_sm_active_pct_mean", "%", NEITHER, "gpu-sm-activity", TELEMETRY, counts_tokens=False,
-         csv=(26, "value")),
+         csv=(26, "value"), applies="all"),
     _fig("gpu_idle_share", "fraction", NEITHER, "gpu-idle-share", TELEMETRY, counts_tokens=False,
-         csv=(27, "value")),
+         csv=(27, "value"), applies="all"),
 )
 
 FIGURES: dict[str, LevelFigure] = {f.key: f for f in LEVEL_FIGURES}

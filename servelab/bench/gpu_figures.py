@@ -770,12 +770,16 @@ GPU_MEASURES: dict[str, tuple[Callable[[GpuSummary], float | None], Callable[[Gp
 }
 
 
-def gpu_level_figures(summary: GpuSummary, *, counted_by: str | None = None) -> dict[str, Figure]:
+def gpu_level_figures(summary: GpuSummary, *, counted_by: str | None = None, unary: bool = False
+                      ) -> dict[str, Figure]:
     """The level figures of `GPU_FIGURES` from a level's GpuSummary; a figure with no value has the note
     "not measured: why" (the summary's reason when it is not measured at all). `counted_by` is the level's (how
-    its tokens were counted), carried by the figures per token."""
+    its tokens were counted), carried by the figures per token. `unary`: a level of non-streamed requests
+    (embeddings, rerank), which has no per-token figures at all (docs/metrics.md#non-streamed)."""
     out: dict[str, Figure] = {}
     for spec in GPU_FIGURES:
+        if unary and spec.applies == "streamed":
+            continue
         value_of, why = GPU_MEASURES[spec.key]
         value = value_of(summary) if summary.measured else None
         note = None

@@ -197,7 +197,8 @@ def attach_gpu(summary: Summary, gpu: GpuSummary, findings=()) -> None:
 
     summary.gpu = gpu
     output = summary.figures.get("output_tok_s")
-    summary.figures.update(gpu_level_figures(gpu, counted_by=output.counted_by if output else None))
+    summary.figures.update(gpu_level_figures(gpu, counted_by=output.counted_by if output else None,
+                                             unary="items_s" in summary.figures))
     if gpu.contended:
         summary.warnings.append("GPU contended: " + "; ".join(gpu.reasons) + ": its figures may not show what the "
                                                                               "engine can do")

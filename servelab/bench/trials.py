@@ -162,7 +162,8 @@ def pool_gpu_figures(pooled: Summary, levels: Sequence[Summary]) -> None:
         return
     pooled.gpu = pool_gpu(summaries)
     output = pooled.figures.get("output_tok_s")
-    pooled.figures.update(gpu_level_figures(pooled.gpu, counted_by=output.counted_by if output else None))
+    pooled.figures.update(gpu_level_figures(pooled.gpu, counted_by=output.counted_by if output else None,
+                                            unary="items_s" in pooled.figures))
 
 
 def _merged_warnings(levels: Sequence[Summary], trials: Sequence[int]) -> list[str]:
