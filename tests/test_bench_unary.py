@@ -373,6 +373,10 @@ def test_compare_sets_items_per_second_and_latency_side_by_side_with_intervals(t
     render_comparison(Console(file=out, width=220, color_system=None), comparison)
     shown = out.getvalue()
     assert "items/s" in shown and "request latency ms (p50)" in shown
+    from servelab.report.html import render_report
+
+    page = render_report(runs, comparison)
+    assert "items/s</th>" in page and "latency ms p99</th>" in page and "TTFT ms p50</th>" not in page
 
 
 def test_the_progress_line_counts_items_not_tokens_for_non_streamed_requests():

@@ -18,7 +18,8 @@ _VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise",
                   "definition differs": "warn", "baseline": "dim"}
 HEADLINE_KEYS = ["single.decode_tok_s", "single.output_tok_s", "single.ttft_ms", "single.itl_ms", "single.tpot_ms",
                  "single.e2e_ms", "peak.output_tok_s", "peak.concurrency", "peak.request_s", "slo.max_rate",
-                 "slo.max_concurrency", "slo.goodput_req_s"]
+                 "slo.max_concurrency", "slo.goodput_req_s", "single.items_s", "single.input_tok_s", "peak.items_s",
+                 "peak.e2e_ms"]
 
 
 def e(value: Any) -> str:
@@ -98,6 +99,7 @@ def run_section(run: RunData, answers: list[str]) -> str:
         parts.append(_table(["figure", "value", "unit", "counted by / note"], head, numeric={1}))
     levels = []
     trials = run.trials or []
+    unary = any("items_s" in s.figures for t in trials for step in t.steps for s in step.result.levels)
     for trial in trials:
         counted = "counts" if trial.index in run.counted else "left out (contended)" if trial.index in run.excluded \
             else trial.status
@@ -106,12 +108,22 @@ def run_section(run: RunData, answers: list[str]) -> str:
             env = s.environment
             machine = ("<span class=\"warn\">contended: " + e("; ".join(env.reasons)) + "</span>"
                        if env is not None and env.contended else "quiet" if env is not None else "–")
+            if unary:  # non-streamed requests (embeddings, rerank): no token figures (docs/metrics.md#non-streamed)
+                levels.append([e(trial.index + 1), e(counted), e(step.name), e(s.tag), e(sent_cell(s)),
+                               e(fmt(_v(f, "request_s"), 2)), e(fmt(_v(f, "items_s"))), e(fmt(_v(f, "input_tok_s"))),
+                               e(fmt(_p(f, "e2e_ms", "p50"))), e(fmt(_p(f, "e2e_ms", "p90"))),
+                               e(fmt(_p(f, "e2e_ms", "p99"))), e(fmt(s.window_s, 2)), machine])
+                continue
             levels.append([e(trial.index + 1), e(counted), e(step.name), e(s.tag), e(sent_cell(s)),
                            e(fmt(_v(f, "output_tok_s"))),
                            e(fmt(_v(f, "decode_tok_s"))), e(fmt(_p(f, "ttft_ms", "p50"))),
                            e(fmt(_p(f, "ttft_ms", "p99"))), e(fmt(_p(f, "itl_ms", "p50"))),
                            e(fmt(_p(f, "itl_ms", "p99"))), e(fmt(s.window_s, 2)), machine])
-    if levels:
+    if levels and unary:
+        parts.append("<h3>Levels, trial by trial</h3>" + _table(
+            ["trial", "", "step", "level", "ok/sent", "req/s", "items/s", "input tok/s", "latency ms p50",
+             "latency ms p90", "latency ms p99", "window s", "machine"], levels, numeric=set(range(4, 12))))
+    elif levels:
         parts.append("<h3>Levels, trial by trial</h3>" + _table(
             ["trial", "", "step", "level", "ok/sent", "output tok/s", "decode tok/s p50", "TTFT ms p50", "TTFT p99",
              "ITL ms p50", "ITL p99", "window s", "machine"], levels, numeric=set(range(4, 12))))
