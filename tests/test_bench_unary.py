@@ -405,3 +405,17 @@ def test_a_non_streamed_level_has_the_gpu_s_power_and_activity_but_no_per_token_
     assert level.figures["gpu_power_w_mean"].note == "not measured: no GPU telemetry source"
     streamed = gpu_level_figures(GpuSummary(measured=False, reason="x"))
     assert {"j_per_output_token", "output_tokens_per_j"} <= set(streamed)
+
+
+def test_worker_processes_send_non_streamed_requests_and_hold_them_to_the_probe_s_dimension():
+    app, _ = broken_embeddings()
+    records: list[RequestRecord] = []
+    with serving(app) as url:
+        result = run(url, EmbeddingsWorkload(batch=2), records, mode="concurrency", workers=2,
+                     plan=_plan(concurrency=2, requests=12), warmup=0, steady=SteadyRule(min_completed=4))
+    measured = [r for r in records if not r.warmup]
+    assert {p.requests for p in result.workers} and sum(p.requests for p in result.workers) >= len(measured)
+    assert all(not r.stream and r.items == 2 for r in measured)
+    wrong = [r for r in measured if not r.ok and "dimension" in (r.error_detail or "")]
+    assert wrong and all(r.error_detail == "embedding 1 has dimension 8, not the run's 16" for r in wrong)
+    check_level_against_records(result.levels[0], measured)
