@@ -105,7 +105,7 @@ def start(
         (job_dir / "controller.alive").touch()
     except OSError as exc:
         _fail(f"cannot create the job directory {job_dir} on {socket.gethostname()}: {exc.strerror or exc}")
-    worker = subprocess.Popen([sys.executable, "-m", "servelab.remote.worker", str(job_dir)],
+    worker = subprocess.Popen([sys.executable, "-m", "servelab.remote_job", str(job_dir)],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True, close_fds=True, cwd=job_dir, env=env)
     (job_dir / "worker.pid").write_text(str(worker.pid))
@@ -120,7 +120,7 @@ def worker_alive(job_dir: Path) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return False
-    return b"servelab.remote.worker" in cmdline and stat.rsplit(")", 1)[-1].split()[0] != "Z"
+    return b"servelab.remote_job" in cmdline and stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _touch(path: Path) -> None:

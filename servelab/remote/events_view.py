@@ -1,8 +1,8 @@
 """A start-up watched from the other side of SSH: the far side writes each LaunchStatus as an event, this side
 hands it to the same view a local `up` draws (report/live.py), so the live panel and the plain lines look alike.
 
-`current` is set by the far side's worker (worker.py) and read by report/live.launch_view: in a worker every
-start-up view is an EventWriter, whatever the console is.
+The far side's worker (worker.py) sets report/live.py's `event_view` to an EventWriter: there every start-up view
+writes events, whatever the console is.
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ class EventWriter:
                                             "served_model": engine.served_model, "log_path": str(engine.log_path)}
         self._write("launch", e="ended", engine=info)
 
-
-current: EventWriter | None = None
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The far side's detached process: run `servelab ARGV…` as a local run would, and write what it does as events.
 
-`python -m servelab.remote.worker JOB_DIR`, started by `servelab remote start` in a session of its own, so the SSH
+`python -m servelab.remote_job JOB_DIR` (the entry module, which hands servelab's CLI to `main`), started by
+`servelab remote start` in a session of its own, so the SSH
 session ending does not end it. It
 - points its standard output and error at pipes read by two threads, each line becoming an event (protocol.py);
   the command itself sees a pipe, so it prints as it does into a CI log: plain lines, no redraws;
@@ -16,6 +17,7 @@ session ending does not end it. It
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 import os
 import signal
 import sys
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 from servelab.remote import events_view
+from servelab.report import live
 from servelab.remote.protocol import encode
 
 WATCH_EVERY_S = 0.25
@@ -122,7 +125,9 @@ class ControllerWatch(threading.Thread):
                 self._interrupt("disconnect")
 
 
-def main(job_dir: Path) -> int:
+def main(job_dir: Path, command: Callable[[], object]) -> int:
+    """Run `command` (servelab's CLI, given by the entry module remote_job.py: this package sits below cli.py)
+    with the job's argv; its exit status."""
     job = json.loads((job_dir / "job.json").read_text())
     os.chdir(job_dir)
     if job.get("columns"):
@@ -132,15 +137,13 @@ def main(job_dir: Path) -> int:
     # line-buffered, so each line is an event as it is written, not when a block fills
     sys.stdout = open(1, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False)
     sys.stderr = open(2, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False)
-    events_view.current = events_view.EventWriter(log.write)
+    live.event_view = events_view.EventWriter(log.write)  # every start-up view writes events
     watch = ControllerWatch(job_dir, float(job.get("grace_s", 60.0)), job.get("on_disconnect", "stop"), log)
     watch.start()
     code = 0
-    from servelab import cli
-
     sys.argv = ["servelab", *job["argv"]]
     try:
-        cli.main()
+        command()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException as exc:  # noqa: BLE001 - whatever happened, the controller must hear how it ended
@@ -161,7 +164,3 @@ def main(job_dir: Path) -> int:
     log.close()
     return code
 
-
-if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.exit(main(Path(sys.argv[1])))

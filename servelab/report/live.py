@@ -22,7 +22,10 @@ from servelab.textsafe import inert, inert_markup
 
 _PROBE_STYLE = {"ready": "green", "loading": "yellow", "down": "dim", "unknown": "red"}
 _VERDICT_STYLE = {"starting": "dim", "loading": "cyan", "ready": "green", "stalled": "bold red", "crashed": "bold red"}
-HEARTBEAT_S = 10.0  # a pipe gets a status line at least this often
+HEARTBEAT_S = 10.0
+# Set on the far side of `--on ssh://…` (remote/worker.py): every start-up view there writes events instead, for
+# the controller to draw (remote/events_view.py). A hook here, so this layer never imports the remote one.
+event_view: LaunchView | None = None  # a pipe gets a status line at least this often
 SEP = " · "
 
 
@@ -116,10 +119,8 @@ def launch_view(console: Console, heartbeat_s: float = HEARTBEAT_S) -> LaunchVie
     """The start-up view for `console`, to hand to `lifecycle.launch.start_engine(view=...)`: a live panel on a
     terminal, plain lines elsewhere; on the far side of `--on ssh://…`, events for the controller to draw
     (remote/events_view.py)."""
-    from servelab.remote import events_view
-
-    if events_view.current is not None:
-        return events_view.current
+    if event_view is not None:
+        return event_view
     return TerminalLaunchView(console) if console.is_terminal else PlainLaunchView(console, heartbeat_s)
 
 
