@@ -8,7 +8,11 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from remote_support import READY, Run, engine_processes, health, no_traceback, wait_gone
+
+from servelab.remote.controller import SILENT_LIMIT_S
 
 PHASE = re.compile(r"^\[\s*[0-9.]+s\] (.+?)(?: \(| ·|$)")
 
@@ -71,3 +75,24 @@ def test_a_connection_dropped_mid_start_up_is_picked_up_again_and_the_start_up_c
     assert phases(up.out)[-1] == "ready"
     assert wait_gone(ssh_host, 15) == []
     no_traceback(up.stderr)
+
+
+@pytest.mark.slow  # waits out the controller's silence limit (4 beats)
+def test_a_link_gone_silent_is_noticed_by_its_missing_beats_and_followed_again_on_a_new_connection(ssh_host, tmp_path):
+    up = Run(up_args(ssh_host, tmp_path / "far", speed=300), ssh_host.env, tmp_path)
+    try:
+        url = up.wait_for(READY, timeout=60).group(1)
+        up.wait_for("press Ctrl-C to stop")
+        paused = ssh_host.pause_sessions()  # open but mute, as a link that died without a word
+        assert paused
+        up.wait_for("dropped; reconnecting", stream="err", timeout=SILENT_LIMIT_S + 10)
+        up.wait_for("reconnected to", stream="err", timeout=30)
+        assert health(url) == 200  # the engine there did not notice: it kept serving
+        up.interrupt()  # and Ctrl-C still reaches it, over the new connection
+        code = up.finish(30)
+    finally:
+        ssh_host.resume_sessions()
+        up.kill()
+    assert code == 0, up.stdout + up.stderr
+    assert "stopping…" in up.out
+    assert wait_gone(ssh_host, 15) == []

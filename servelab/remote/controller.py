@@ -9,15 +9,17 @@ for the whole grace period does it give up, saying what became of the engine.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import queue
 import shutil
+import signal
 import subprocess
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,16 +125,36 @@ class RemoteJob:
     def follow(self, on_event: Callable[[dict[str, Any]], None], on_note: Callable[[str], None]) -> int:
         """Every event until the exit line; the command's exit status. Ctrl-C asks the far side to stop and keeps
         following (its results are what Ctrl-C must not lose); a second Ctrl-C asks again, which hurries it."""
-        while True:
-            outcome = self._follow_once(on_event)
-            if outcome == "exit":
-                return self.exit_code if self.exit_code is not None else 1
-            if outcome.startswith("nojob:"):
-                raise UserError(f"on {self.conn.target}: {outcome[6:]}")
-            if outcome.startswith("lost:"):
-                raise UserError(f"on {self.conn.target}: {outcome[5:]}",
-                                hint=f"what it wrote is in {self.dir} there")
-            self._reconnect(on_note)
+        with self._interrupts_counted():
+            while True:
+                outcome = self._follow_once(on_event)
+                if outcome == "exit":
+                    return self.exit_code if self.exit_code is not None else 1
+                if outcome.startswith("nojob:"):
+                    raise UserError(f"on {self.conn.target}: {outcome[6:]}")
+                if outcome.startswith("lost:"):
+                    raise UserError(f"on {self.conn.target}: {outcome[5:]}",
+                                    hint=f"what it wrote is in {self.dir} there")
+                self._reconnect(on_note)
+
+    @contextlib.contextmanager
+    def _interrupts_counted(self) -> Iterator[None]:
+        """Ctrl-C (and SIGTERM, SIGHUP, which interrupts.py routes to it) counted while following, not raised: a
+        KeyboardInterrupt raised wherever the main thread happens to be escaped between two calls (exit 130, the
+        far side never told) or, arriving while a reconnect forked ssh, was swallowed by CPython's after-fork
+        hooks (the stop lost, the command waiting for an end that never came)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def count(signum, frame) -> None:
+            self.stop_requested += 1
+
+        previous = signal.signal(signal.SIGINT, count)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def _follow_once(self, on_event: Callable[[dict[str, Any]], None]) -> str:
         proc = self.conn.popen(self.remote("follow", self.dir, "--offset", str(self.offset)))
@@ -152,12 +174,16 @@ class RemoteJob:
                 proc.stdout.close()
 
         threading.Thread(target=read, daemon=True).start()
-        if self.stop_requested:
+        stops_sent = self.stop_requested  # on a new connection, one stop for all those asked before
+        if stops_sent:
             self._send_stop(proc)
         last_heard = time.monotonic()
         last_said = 0.0
         try:
             while True:
+                if self.stop_requested > stops_sent:
+                    self._send_stop(proc)
+                    stops_sent = self.stop_requested
                 if time.monotonic() - last_said >= ALIVE_EVERY_S:  # what keeps the engine up there (agent.follow)
                     self._say(proc, b"alive\n")
                     last_said = time.monotonic()
@@ -167,9 +193,8 @@ class RemoteJob:
                     if time.monotonic() - last_heard > SILENT_LIMIT_S:
                         return "dropped"
                     continue
-                except KeyboardInterrupt:
+                except KeyboardInterrupt:  # where interrupts are not counted (_interrupts_counted): sent above
                     self.stop_requested += 1
-                    self._send_stop(proc)
                     continue
                 if raw is None:
                     proc.wait()
@@ -198,7 +223,6 @@ class RemoteJob:
                     on_event(event)
                 except KeyboardInterrupt:
                     self.stop_requested += 1
-                    self._send_stop(proc)
         finally:
             if proc.poll() is None:
                 proc.kill()
