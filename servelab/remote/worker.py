@@ -1,8 +1,7 @@
 """The far side's detached process: run `servelab ARGV…` as a local run would, and write what it does as events.
 
 `python -m servelab.remote_job JOB_DIR` (the entry module, which hands servelab's CLI to `main`), started by
-`servelab remote start` in a session of its own, so the SSH
-session ending does not end it. It
+`servelab remote start` in a session of its own, so the SSH session ending does not end it. It
 - points its standard output and error at pipes read by two threads, each line becoming an event (protocol.py);
   the command itself sees a pipe, so it prints as it does into a CI log: plain lines, no redraws;
 - has the start-up view write the live statuses as events (events_view.py), which the controller draws with the
