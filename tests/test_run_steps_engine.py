@@ -39,6 +39,7 @@ cells:
 
 
 @pytest.mark.engine
+@pytest.mark.slow  # two engines, two trials, two modes: about a minute quiet; the slow tier keeps the default suite short
 @pytest.mark.timeout(300)  # about a minute on a quiet 2-core machine
 def test_run_compares_two_configurations_on_slo_goodput_and_a_replayed_trace(tmp_path: Path) -> None:
     spec = tmp_path / "exp.yaml"

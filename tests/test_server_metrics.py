@@ -90,6 +90,7 @@ def test_sglang_gauges_give_acceptance() -> None:
 
 
 @pytest.mark.engine
+@pytest.mark.slow  # an engine with a draft model, a bench and a second read of /metrics: long for the default suite
 def test_real_engine_with_a_draft_model_reports_acceptance(tmp_path) -> None:
     spec = EngineSpec(engine="llamacpp", model="smollm2", parallel=2,
                       extra_args=["--spec-type", "draft-simple", "--draft-model", "smollm2", "--draft-max", "4"])
