@@ -71,6 +71,19 @@ class _Printer:
             sys.stderr.flush()
 
 
+def ready_note(target: SshTarget, url: str) -> str:
+    """Where the engine's URL is, said once it is ready: it is the far host's, not this machine's."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    port = parts.port or 80
+    host = parts.hostname or "127.0.0.1"
+    ssh = f"ssh -N -L {port}:{host}:{port}" + (f" -p {target.port}" if target.port else "") + \
+        f" {target.user + '@' if target.user else ''}{target.host}"
+    return (f"{url} is {target.host}'s address: verify and bench it there with --on {target}, or forward it here "
+            f"with `{ssh}`")
+
+
 def _open(on: str) -> tuple[SshTarget, Any]:
     target = SshTarget.parse(on)
     return target, SshConnection.open(target)
@@ -97,7 +110,9 @@ def run_remote(on: str, argv: Sequence[str], options: RemoteOptions, console: Co
             if event["k"] in ("out", "err"):
                 printer.line(event)
             elif event["k"] == "launch" and view is not None:
-                replay(event, view, target.host)
+                engine = replay(event, view, target.host)
+                if engine is not None:
+                    note(ready_note(target, engine.url))
 
         code = job.follow(on_event, note)
         copied: list[str] = []
