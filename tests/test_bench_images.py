@@ -275,3 +275,13 @@ def test_compare_sets_the_ttft_of_requests_with_images_side_by_side_and_a_run_wi
     with_images, plain = row.figures[:2]
     assert with_images.value == runs[0].result.levels[0].figures["ttft_image_ms"].value
     assert plain.value is None
+
+
+def test_each_trial_sends_images_of_its_own() -> None:
+    from servelab.pipeline import in_series
+
+    workload = build_options(BenchArgs(images="1", image_size="8x8")).workload
+    first, second = (in_series(workload, trial, "single").request(0, "m") for trial in (1, 2))
+    (text_1, image_1), (text_2, image_2) = (r.body["messages"][-1]["content"] for r in (first, second))
+    assert text_1 != text_2 and image_1 != image_2  # neither a prefix cache nor an image cache carries over
+    assert in_series(workload, 1, "single").request(0, "m").body == first.body  # and each is deterministic
