@@ -165,3 +165,35 @@ def test_a_copy_altered_or_cut_short_on_its_way_is_refused_before_use(host, tmp_
     assert refused.value.message.startswith(refusal.format(url=host.url)), refused.value.message
     assert not into.exists()  # nothing of it kept
     assert not any(p.name.endswith(".incoming") for p in tmp_path.iterdir())
+
+
+def test_ctrl_c_mid_bench_there_keeps_what_was_measured_here(host, tmp_path):
+    app, seen = guarded_llamacpp()
+    local = tmp_path / "local"
+    with serving(app) as url:
+        started = Run(["bench", url, "--mode", "concurrency", "--concurrency", "1", "--duration", "30", "--warmup",
+                       "0", "--max-tokens", "8", "--api-key", KEY, "--out", str(local), "--on", host.url, "--remote-dir",
+                       str(tmp_path / "far")], host.env, tmp_path)
+        try:
+            deadline = time.monotonic() + 60
+            while sum(path.endswith("/chat/completions") for path, _ in seen) < 5:
+                assert time.monotonic() < deadline and started.proc.poll() is None, started.stderr
+                time.sleep(0.05)
+            started.interrupt()
+            code = started.finish(60)
+        finally:
+            started.kill()
+    assert code == 130, started.stdout + started.stderr
+    (run_json,) = local.glob("*/run.json")
+    summary = json.loads(run_json.read_text())
+    assert summary["status"] == "interrupted" and summary["provenance"]["ran_on"] == host.url
+    from servelab.store.rundir import iter_records, records_file
+
+    kept = list(iter_records(records_file(run_json.parent)))  # the request Ctrl-C cancelled in flight among them
+    assert len(kept) >= 5
+    levels = json.loads((run_json.parent / "summary.json").read_text())["levels"]
+    assert [level["requests"] for level in levels] == [len(kept)]
+    listed = subprocess.run([*SERVELAB, "runs", "--out", str(local), "--json"], capture_output=True, text=True,
+                            timeout=60)
+    assert [r["status"] for r in json.loads(listed.stdout)] == ["interrupted"]
+    no_traceback(started.stderr)
