@@ -16,6 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import re
+
 import yaml
 from pydantic import ValidationError
 
@@ -89,10 +91,23 @@ def _message(error: dict[str, Any]) -> str:
     return msg
 
 
+class ExperimentLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only true and false. YAML 1.1 also reads on/off and yes/no
+    as booleans, which turns a cell's `on: ssh://gpu-box` into the key True; a setting that wants a boolean
+    still takes "on" or "yes" (pydantic reads those words as true)."""
+
+
+ExperimentLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+ExperimentLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                       list("tTfF"))
+
+
 def _compose(text: str, where: str) -> tuple[Any, dict[PathKey, int]]:
     loader = None
     try:
-        loader = yaml.SafeLoader(text)  # reads the text through at once: a control character fails here
+        loader = ExperimentLoader(text)  # reads the text through at once: a control character fails here
         node = loader.get_single_node()
         if node is None:
             raise UserError(f"{where}:1: the experiment file is empty")

@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator,
                       model_validator)
 
 from servelab.bench.args import BenchArgs
@@ -347,11 +347,19 @@ BenchOverrides = _overrides(BenchSettings)
 VerifyOverrides = _overrides(VerifySettings)
 
 
-def _yaml_on(data: Any) -> Any:
-    """YAML 1.1 (PyYAML) reads a bare key `on` as the boolean true: `on: ssh://gpu-box` means the key "on"."""
-    if isinstance(data, dict) and True in data and "on" not in data:
-        data = {("on" if key is True else key): value for key, value in data.items()}
-    return data
+def _ssh_url(value: str | None) -> str | None:
+    if value is not None:
+        from servelab.remote.target import SshTarget
+
+        try:
+            SshTarget.parse(value)
+        except Exception as exc:  # UserError: its message names what is wrong
+            raise ValueError(str(exc)) from None
+    return value
+
+
+# Where a cell runs: ssh://[user@]host[:port] (servelab/remote/), or None for here.
+SshUrl = Annotated[Optional[str], AfterValidator(_ssh_url)]
 
 
 class Cell(EngineSpec):
@@ -366,7 +374,7 @@ class Cell(EngineSpec):
     # ssh://[user@]host[:port]: the cell runs on that host (servelab/remote/cell.py), as `--on` does; None: the
     # experiment's `on`, else here. A `url` is then as that host sees it. (`host` is EngineSpec's: the interface
     # the engine binds.)
-    on: str | None = None
+    on: SshUrl = None
     bench: BenchOverrides = Field(default_factory=BenchOverrides)  # type: ignore[valid-type]
     verify: VerifyOverrides = Field(default_factory=VerifyOverrides)  # type: ignore[valid-type]
 
@@ -386,22 +394,6 @@ class Cell(EngineSpec):
             raise ValueError("a cell that launches an engine needs `model`")
         return self
 
-    @model_validator(mode="before")
-    @classmethod
-    def _on_read_as_true(cls, data: Any) -> Any:
-        return _yaml_on(data)
-
-    @field_validator("on")
-    @classmethod
-    def _ssh_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            from servelab.remote.target import SshTarget
-
-            try:
-                SshTarget.parse(value)
-            except Exception as exc:  # UserError: its message names what is wrong
-                raise ValueError(str(exc)) from None
-        return value
 
     def spec(self) -> EngineSpec | None:
         if self.engine is None:
@@ -435,18 +427,9 @@ class Experiment(Strict):
     # Literal figures from elsewhere (no records, so no confidence interval), e.g. {vllm: {single.decode_tok_s: 82.5}}
     baselines: dict[str, dict[str, float]] = Field(default_factory=dict)
     # Where cells run unless they say otherwise: ssh://[user@]host[:port], or None for here.
-    on: str | None = None
+    on: SshUrl = None
     cells: list[Cell] = Field(min_length=1)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _on_read_as_true(cls, data: Any) -> Any:
-        return _yaml_on(data)
-
-    @field_validator("on")
-    @classmethod
-    def _ssh_url(cls, value: str | None) -> str | None:
-        return Cell._ssh_url(value)
 
     def host_of(self, cell: Cell) -> str | None:
         return cell.on or self.on

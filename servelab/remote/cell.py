@@ -69,7 +69,8 @@ class RemoteCellSession:
         try:
             code, job, _lines, copied = run_remote(
                 self.host, ["run", EXPERIMENT_FILE, "--out", "results"], self.options, self.console, err,
-                view=launch_view(self.console), fetch=("results", staging), files={EXPERIMENT_FILE: json.dumps(self.experiment_doc, indent=1)})
+                view=launch_view(self.console), fetch=("results", staging),
+                files={EXPERIMENT_FILE: json.dumps(self.experiment_doc, indent=1)})
             cell_dir = _the_cell_dir(staging, copied)
             if cell_dir is None:
                 raise UserError(f"the cell ran on {self.host} (exit status {code}) but left no run directory",
