@@ -4,6 +4,7 @@ start or fills during the run."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_support import PY, READY, Run, no_traceback, run, wait_gone
+from remote_support import PY, READY, Run, health, no_traceback, run, wait_gone
 
 from servelab import __version__
 
@@ -81,7 +82,7 @@ def test_an_unknown_host_key_is_refused_in_one_line(ssh_host_unknown_key, tmp_pa
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 1 MiB tmpfs, filled but for `leave` bytes by `fill(leave)`; skipped where mounting is not permitted."""
+    """A 1 MiB tmpfs, filled but for `leave` bytes by each `fill(leave)`; skipped where mounting is not permitted."""
     mount = tmp_path / "small"
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True,
@@ -89,9 +90,11 @@ def small_disk(tmp_path):
     if done.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip() or done.returncode}")
 
+    fillers = iter(range(1000))
+
     def fill(leave: int) -> Path:
         free = os.statvfs(mount)
-        with open(mount / "filler", "wb") as f:
+        with open(mount / f"filler-{next(fillers)}", "wb") as f:  # a new one: truncating the last would free it
             f.write(b"\0" * max(0, free.f_bavail * free.f_frsize - leave))
         return mount
 
@@ -112,10 +115,17 @@ def test_a_full_remote_disk_refuses_the_start_in_one_line(ssh_host, tmp_path, sm
     assert wait_gone(ssh_host, 5) == []
 
 
-def test_a_remote_disk_filling_mid_run_ends_it_in_one_line_with_the_engine_stopped(ssh_host, tmp_path, small_disk):
-    far = small_disk(8 * 1024) / "jobs"  # room for the job and the first events, not for a whole start-up
-    started = Run(up_args(ssh_host, far), ssh_host.env, tmp_path)
-    code = started.finish(60)
+def test_a_remote_disk_filling_mid_start_up_ends_it_in_one_line_with_the_engine_stopped(ssh_host, tmp_path,
+                                                                                       small_disk):
+    far = small_disk(512 * 1024) / "jobs"  # room to start; filled once the weights load
+    started = Run(["up", "replay-sglang", "--option", "speed=50", "--on", ssh_host.url, "--remote-dir", str(far)],
+                  ssh_host.env, tmp_path)
+    try:
+        started.wait_for("loading weights", timeout=60)
+        small_disk(0)
+        code = started.finish(60)
+    finally:
+        started.kill()
     assert code == 2, started.stdout + started.stderr
     line = one_error(started)
     assert line.startswith(f"error: on {ssh_host.url}: the remote servelab ended without its exit line, and the "
@@ -123,6 +133,28 @@ def test_a_remote_disk_filling_mid_run_ends_it_in_one_line_with_the_engine_stopp
     assert "is full" in line
     assert not any(READY.search(x) for x in started.out)
     assert wait_gone(ssh_host, 15) == []  # the engine there stopped, not left serving unseen
+
+
+def test_ctrl_c_reaches_the_engine_there_when_its_disk_is_full(ssh_host, tmp_path, small_disk):
+    far = small_disk(512 * 1024) / "jobs"
+    started = Run(up_args(ssh_host, far), ssh_host.env, tmp_path)
+    try:
+        url = started.wait_for(READY, timeout=60).group(1)
+        started.wait_for("press Ctrl-C to stop")
+        small_disk(0)  # no room for the stop request's line: the follower signals the job itself
+        job_dir, _ = started.job()
+        with open(job_dir / "events.jsonl", "ab", buffering=0) as events:  # nor in its last page: blank lines,
+            with contextlib.suppress(OSError):                            # which the follower skips
+                while True:
+                    events.write(b"\n" * 64)
+        started.interrupt()
+        code = started.finish(60)
+    finally:
+        started.kill()
+    assert code == 2, started.stdout + started.stderr
+    assert "is full" in one_error(started)
+    assert wait_gone(ssh_host, 15) == []
+    assert health(url) is None
 
 
 def test_attach_to_a_job_that_is_not_there_says_so_in_one_line(ssh_host, tmp_path):

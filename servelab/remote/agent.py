@@ -108,7 +108,11 @@ def start(
     worker = subprocess.Popen([sys.executable, "-m", "servelab.remote_job", str(job_dir)],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True, close_fds=True, cwd=job_dir, env=env)
-    (job_dir / "worker.pid").write_text(str(worker.pid))
+    try:
+        (job_dir / "worker.pid").write_text(str(worker.pid))
+    except OSError as exc:  # a disk that filled just now: a job nobody could follow is not left running
+        worker.kill()
+        _fail(f"cannot write {job_dir / 'worker.pid'} on {socket.gethostname()}: {exc.strerror or exc}")
     print(json.dumps({"dir": str(job_dir), "pid": worker.pid}), flush=True)
 
 
