@@ -26,7 +26,7 @@ def phases(lines: list[str]) -> list[str]:
 
 
 def test_up_on_a_remote_host_shows_its_phases_live_and_ctrl_c_stops_the_engine_there(ssh_host, tmp_path):
-    up = Run(up_args(ssh_host, tmp_path / "far"), ssh_host.env, tmp_path)
+    up = Run(up_args(ssh_host, tmp_path / "far", speed=100), ssh_host.env, tmp_path)  # loading long enough to see
     try:
         url = up.wait_for(READY, timeout=60).group(1)
         up.wait_for("press Ctrl-C to stop")
@@ -54,7 +54,7 @@ def test_up_on_a_remote_host_shows_its_phases_live_and_ctrl_c_stops_the_engine_t
 
 
 def test_a_connection_dropped_mid_start_up_is_picked_up_again_and_the_start_up_completes(ssh_host, tmp_path):
-    up = Run(up_args(ssh_host, tmp_path / "far", speed=50), ssh_host.env, tmp_path)
+    up = Run(up_args(ssh_host, tmp_path / "far", speed=100), ssh_host.env, tmp_path)
     try:
         up.wait_for(r"loading weights", timeout=60)
         assert ssh_host.kill_sessions()  # the control master's connection and the follower's, both gone
