@@ -29,16 +29,21 @@ def one_error(started: Run) -> str:
     return errors[0]
 
 
+def _speaking(path: Path, protocol: int, version: str) -> Path:
+    """A servelab that is the real one in all but what `remote hello` says."""
+    path.write_text("#!/bin/sh\n"
+                    'if [ "$*" = "-m servelab.cli remote hello" ]; then\n'
+                    f'  echo \'{{"protocol": {protocol}, "version": "{version}", "python": "x", "host": "h", '
+                    '"pid": 1}\'\n'
+                    "  exit 0\n"
+                    "fi\n"
+                    f'exec {PY} "$@"\n')
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
 def test_a_remote_servelab_of_another_protocol_is_refused_and_nothing_starts(ssh_host, tmp_path):
-    wrapper = tmp_path / "python-speaking-999"
-    # A servelab that is the same in all but its remote protocol: `remote hello` says 999, the rest is real.
-    wrapper.write_text("#!/bin/sh\n"
-                       'if [ "$*" = "-m servelab.cli remote hello" ]; then\n'
-                       '  echo \'{"protocol": 999, "version": "9.9.9", "python": "x", "host": "h", "pid": 1}\'\n'
-                       "  exit 0\n"
-                       "fi\n"
-                       f'exec {PY} "$@"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    wrapper = _speaking(tmp_path / "python-speaking-999", 999, "9.9.9")
     far = tmp_path / "far"
     code, started = run(up_args(ssh_host, far, "--remote-python", str(wrapper)), ssh_host.env, tmp_path)
     assert code == 2, started.stdout + started.stderr
@@ -46,6 +51,18 @@ def test_a_remote_servelab_of_another_protocol_is_refused_and_nothing_starts(ssh
                                   f"{__version__} speaks 1: upgrade this machine's servelab")
     assert not far.exists() and started.out == []
     assert wait_gone(ssh_host, 5) == []
+
+
+def test_another_version_speaking_the_same_protocol_is_driven_with_a_warning(ssh_host, tmp_path):
+    wrapper = _speaking(tmp_path / "python-of-another-version", 1, "9.9.9")
+    url = "http://127.0.0.1:9"  # nobody serves it: doctor there says so, exit 1, as here
+    code, started = run(["doctor", "--url", url, "--seconds", "1", "--on", ssh_host.url, "--remote-python",
+                         str(wrapper), "--remote-dir", str(tmp_path / "far")], ssh_host.env, tmp_path)
+    assert code == 1, started.stdout + started.stderr
+    assert f"remote: the remote servelab is 9.9.9, this one {__version__} (same remote protocol 1: going on)" \
+        in started.err
+    assert "NOT RUNNING" in started.stdout
+    no_traceback(started.stderr)
 
 
 def test_no_servelab_there_says_how_to_install_it(ssh_host, tmp_path):
