@@ -328,6 +328,30 @@ def test_the_options_build_the_non_streamed_workloads():
     assert isinstance(opts.workload, RerankWorkload) and opts.workload.documents == 8
 
 
+@pytest.mark.parametrize("endpoint, extra", [("embeddings", {"batch_size": 2}), ("rerank", {"documents": 2}),
+                                             ("embeddings", {"batch_size": 2, "input_tokens": "24"}),
+                                             ("rerank", {"documents": 2, "input_tokens": "24"})])
+def test_each_bench_sends_texts_of_its_own(endpoint, extra):
+    import asyncio
+
+    from servelab.pipeline import in_series
+    from test_workloads import WordCounter
+
+    workload = build_options(BenchArgs(endpoint=endpoint, **extra)).workload
+
+    def body(trial: int, step: str) -> dict:
+        bench_workload = in_series(workload, trial, step)
+        asyncio.run(bench_workload.prepare(WordCounter()))
+        return bench_workload.request(0, "m").body
+
+    key = "input" if endpoint == "embeddings" else "documents"
+    first, second, sweep = body(1, "single")[key], body(2, "single")[key], body(1, "concurrency")[key]
+    assert len({*first, *second, *sweep}) == 6  # no text of one bench is another's: no cache carries over
+    assert body(1, "single")[key] == first  # and each bench's texts are the same every time
+    if "input_tokens" in extra:  # still of the exact length asked for
+        assert [WordCounter().words(t) + 1 for t in first + second] == [24] * 4
+
+
 # ---- compare, summary.json and the exports --------------------------------------------------------------------
 
 

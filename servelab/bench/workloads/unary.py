@@ -5,7 +5,9 @@ Each request carries `batch` inputs (embeddings) or `documents` documents and on
 `input_tokens` every input or document is a synthetic text of that many tokens (synthetic.py's opener and filler
 words, counted as a completions prompt by the server's tokenizer, special tokens included, checked on sample
 texts before the run); without it each is a text of TEXT_WORDS common words whose length is not counted. Texts
-differ by request and item (the seed, the request number and the item's place), so no two are the same.
+differ by bench, request and item (the seed, the bench's `series` from pipeline.in_series, the request number and
+the item's place), so no two are the same: trial 2 and the sweep do not resend trial 1's texts, which a server's
+prefix cache (or any cache of answers) would serve.
 
 `probe_endpoint` runs once before the run, untimed: one small request that finds the path serving the endpoint
 (rerank: the first of RERANK_ATTEMPTS that answers 2xx with scores) and, for embeddings, the dimension every
@@ -19,6 +21,7 @@ answers a bare list of {"index", "score"}; vLLM's `/v1/score` and `/score` take 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import dataclass, field
@@ -51,18 +54,28 @@ class _Texts:
 
     input_tokens: LengthSpec | None
     seed: int
+    series: str = ""  # which bench of a run: part of every text's seed, so each bench sends texts of its own
     synthetic: SyntheticWorkload | None = None
+
+    @property
+    def text_seed(self) -> int:
+        """The seed itself without a series (the same texts as before series existed); with one, a number that
+        follows from both, for the SyntheticWorkload underneath, whose seed is an int."""
+        if not self.series:
+            return self.seed
+        return int.from_bytes(hashlib.sha256(f"{self.seed}:{self.series}".encode()).digest()[:8], "big")
 
     async def prepare(self, counter: PromptTokenCounter | None) -> None:
         if self.input_tokens is None:
             return
-        self.synthetic = SyntheticWorkload(input_tokens=self.input_tokens, endpoint=COMPLETIONS, seed=self.seed)
+        self.synthetic = SyntheticWorkload(input_tokens=self.input_tokens, endpoint=COMPLETIONS,
+                                           seed=self.text_seed)
         await self.synthetic.prepare(counter)
 
     def text(self, item: int) -> str:
         if self.synthetic is not None:
             return self.synthetic.text(item)
-        rng = random.Random(f"{self.seed}:unary:{item}")
+        rng = random.Random(f"{self.text_seed}:unary:{item}")
         return " ".join(rng.choice(CANDIDATES) for _ in range(TEXT_WORDS)).capitalize() + "."
 
     def length(self, item: int) -> int | None:
@@ -84,12 +97,13 @@ class EmbeddingsWorkload:
     seed: int = 0
     endpoint: str = EMBEDDINGS
     dimension: int | None = None  # what the probe's answer had: every answer of the run must have it
+    series: str = ""  # which bench of a run (pipeline.in_series): the texts differ by it
     texts: _Texts = field(init=False, repr=False)
 
     kind = "embeddings"
 
     def __post_init__(self) -> None:
-        self.texts = _Texts(self.input_tokens, self.seed)
+        self.texts = _Texts(self.input_tokens, self.seed, self.series)
 
     async def prepare(self, counter: PromptTokenCounter | None, needed: int | None = None) -> None:
         await self.texts.prepare(counter)
@@ -130,12 +144,13 @@ class RerankWorkload:
     endpoint: str = RERANK_ATTEMPTS[0][0]
     shape: str = "rerank"  # "rerank" ({"query", "documents"}) or "score" ({"text_1", "text_2"})
     tried: list[str] = field(default_factory=list)
+    series: str = ""  # which bench of a run (pipeline.in_series): the texts differ by it
     texts: _Texts = field(init=False, repr=False)
 
     kind = "rerank"
 
     def __post_init__(self) -> None:
-        self.texts = _Texts(self.input_tokens, self.seed)
+        self.texts = _Texts(self.input_tokens, self.seed, self.series)
 
     async def prepare(self, counter: PromptTokenCounter | None, needed: int | None = None) -> None:
         await self.texts.prepare(counter)
