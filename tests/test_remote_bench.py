@@ -53,12 +53,12 @@ def bench_there(host, tmp_path_factory):
     env = {**host.env, "SERVELAB_SSH": str(ssh)}
     app, seen = guarded_llamacpp()
     with serving(app) as url:
-        started = Run(["bench", url, "--mode", "single", "--duration", str(DURATION_S), "--warmup", "0",
-                       "--max-tokens", "8", "--api-key", KEY, "--out", str(d / "local"), "--on", host.url,
+        started = Run(["bench", url, "--mode", "concurrency", "--concurrency", "1", "--duration", str(DURATION_S),
+                       "--warmup", "0", "--max-tokens", "8", "--api-key", KEY, "--out", str(d / "local"), "--on", host.url,
                        "--remote-dir", str(d / "far")], env, d)
         try:
             deadline = time.monotonic() + 60
-            while sum(path.endswith("/chat/completions") for path, _ in seen) < 3:  # measuring there
+            while sum(path.endswith("/chat/completions") for path, _ in seen) < 3:  # measuring there, 3 s to go
                 assert time.monotonic() < deadline and started.proc.poll() is None, started.stderr
                 time.sleep(0.05)
             assert host.kill_sessions()
@@ -84,7 +84,7 @@ def test_the_run_comes_back_into_the_local_out_and_store_after_a_drop_mid_bench(
     assert shown.returncode == 0, shown.stderr
     doc = json.loads(shown.stdout)
     assert doc["provenance"]["ran_on"] == host.url
-    ((sent, ok),) = [(level["requests"], level["ok"]) for level in doc["single"]["levels"]]
+    ((sent, ok),) = [(level["requests"], level["ok"]) for level in doc["sweep"]["levels"]]
     assert sent == ok > 3
     from servelab.store.rundir import iter_records, records_file
 
