@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -197,3 +198,25 @@ def test_ctrl_c_mid_bench_there_keeps_what_was_measured_here(host, tmp_path):
                             timeout=60)
     assert [r["status"] for r in json.loads(listed.stdout)] == ["interrupted"]
     no_traceback(started.stderr)
+
+
+def test_a_connection_dropped_during_the_copy_back_is_reconnected_and_the_copy_made_again(host, tmp_path, far_job,
+                                                                                         monkeypatch):
+    monkeypatch.setenv("SERVELAB_SSH_CONFIG", host.env["SERVELAB_SSH_CONFIG"])
+    slow_pack = _tampering_python(tmp_path / "py", "cat")
+    slow_pack.write_text(slow_pack.read_text().replace('*"remote pack"*) ', '*"remote pack"*) sleep 2; '))
+    notes: list[str] = []
+    into = tmp_path / "here"
+    with SshConnection.open(SshTarget.parse(host.url)) as conn:
+        job = RemoteJob(conn=conn, options=RemoteOptions(remote_python=str(slow_pack), grace_s=20), dir=str(far_job),
+                        pid=0)
+        dropper = threading.Timer(1.0, host.kill_sessions)  # while the first copy is under way
+        dropper.start()
+        try:
+            copied = job.fetch("results", into, on_note=notes.append)
+        finally:
+            dropper.join()
+    assert copied == ["run-1/notes.txt", "run-1/summary.json"]
+    assert (into / "run-1" / "summary.json").read_bytes() == \
+        (far_job / "results" / "run-1" / "summary.json").read_bytes()
+    assert any("dropped; reconnecting" in n for n in notes) and any(n.startswith("reconnected") for n in notes)

@@ -117,7 +117,7 @@ def run_remote(on: str, argv: Sequence[str], options: RemoteOptions, console: Co
         code = job.follow(on_event, note)
         copied: list[str] = []
         if fetch is not None:
-            copied = job.fetch(*fetch)
+            copied = job.fetch(*fetch, on_note=note)
         return code, job, printer.stdout, copied
 
 

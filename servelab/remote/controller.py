@@ -32,6 +32,7 @@ from servelab.remote.protocol import BEAT_S, compatibility, decode
 
 SILENT_LIMIT_S = 4 * BEAT_S  # a follower that sent nothing, not even a beat, for this long is on a dead link
 RECONNECT_EVERY_S = 1.0
+FETCH_TRIES = 3  # copies of the results begun again after a dropped connection, at most
 ALIVE_EVERY_S = 1.0  # how often the follower there hears that this side is still here
 
 
@@ -261,9 +262,21 @@ class RemoteJob:
                      f"{self.conn.target} {self.dir}` follows it again")
         raise UserError(f"lost {self.conn.target} for {self.options.grace_s:g} s: {fate}")
 
-    def fetch(self, path: str, into: Path) -> list[str]:
+    def fetch(self, path: str, into: Path, on_note: Callable[[str], None] | None = None) -> list[str]:
         """Copy DIR/path into `into`, checked against the far side's manifest before anything is kept; the files
-        copied (relative to `into`)."""
+        copied (relative to `into`). A connection that drops during the copy is reconnected (within the grace
+        period) and the copy made again from its start: the results are safe there meanwhile."""
+        tries = 1
+        while True:
+            try:
+                return self._fetch_once(path, into)
+            except UserError:
+                if self.conn.master_alive or tries == FETCH_TRIES:
+                    raise  # with the link up, the copy itself is wrong (it does not match): never used
+            tries += 1
+            self._reconnect(on_note or (lambda _text: None))
+
+    def _fetch_once(self, path: str, into: Path) -> list[str]:
         staging = into.parent / f".{into.name}.incoming"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
