@@ -93,6 +93,26 @@ def test_synthetic_pngs_decode_to_their_pixels_and_are_distinct_and_deterministi
     assert image_size(a) == (32, 16) and read_png_bytes(a)[:2] == (32, 16)
 
 
+def test_two_synthetic_images_differ_in_every_row_and_after_a_center_crop() -> None:
+    images = SyntheticImages("0:t1-single")
+    width, height = 336, 448  # CLIP-style: shortest edge 336, then a 336x336 center crop drops 56 rows each end
+    first, second = (read_png_bytes(images.png(width, height, name))[2] for name in ("0-0", "1-0"))
+    assert all(a != b for a, b in zip(first, second, strict=True))
+    top, left = (height - 224) // 2, (width - 224) // 2 * 3  # a 224x224 center crop: rows and columns cut
+    crop = [(a[left:left + 224 * 3], b[left:left + 224 * 3]) for a, b in zip(first[top:top + 224],
+                                                                               second[top:top + 224])]
+    assert all(a != b for a, b in crop)
+    assert len(set(first)) == height  # and each image is noise, not one row repeated
+
+
+def test_every_image_size_is_built_in_prepare_not_in_the_send_path() -> None:
+    import asyncio
+
+    workload = build_options(BenchArgs(images="1", image_size="64x32,16x16")).workload
+    asyncio.run(workload.prepare(None))
+    assert set(workload.images._fields) == {(64, 32), (16, 16)}  # the send path only reads what is there
+
+
 def read_png_bytes(data: bytes, tmp=Path(os.environ.get("TMPDIR", "/tmp"))):
     path = tmp / f"servelab-png-{os.getpid()}.png"
     path.write_bytes(data)

@@ -14,9 +14,10 @@ Every synthetic image is distinct (its pixels follow from the seed, the bench's 
 the image's place), so neither a prefix cache nor an engine's cache of encoded images (vLLM keys its own by the
 image's hash) serves one request's images to another: each request pays its own image encoding, as distinct user
 uploads do. Pixels are seeded noise, which no PNG compresses: an image is sent at about its raw size (W x H x 3
-bytes, and a third more as base64). Written without Pillow: the PNG stores its rows uncompressed, and all of an
-image but its last row is built (and base64-encoded) once per size, so the sender's hot path pays one row and one
-copy per image, not an encoding (SyntheticImages).
+bytes, and a third more as base64). Two images differ in every row and column, so a processor that crops or resizes
+them first (SGLang hashes the processed pixels) still sees distinct images. Written without Pillow: the PNG stores
+its rows uncompressed, and all of an image but its first row is built (and base64-encoded) once per size, in
+prepare, so the sender's hot path pays one row and one copy per image, not an encoding (SyntheticImages).
 """
 
 from __future__ import annotations
@@ -96,47 +97,75 @@ def png_bytes(width: int, height: int, rows: bytes) -> bytes:
             + _chunk(b"IEND", b""))
 
 
-class SyntheticImages:
-    """Distinct noise images, each a pure function of (seed, name): per size, one noise field for every row but the
-    last, drawn once, and the image's own noise in its last row, so no two images are alike.
+def _adler32_combine(first: int, second: int, second_length: int) -> int:
+    """The adler-32 of two byte strings joined, from each one's (zlib's adler32_combine, which Python lacks)."""
+    base = 65521
+    rem = second_length % base
+    sum1 = first & 0xFFFF
+    sum2 = (rem * sum1) % base
+    sum1 = (sum1 + (second & 0xFFFF) + base - 1) % base
+    sum2 = (sum2 + ((first >> 16) & 0xFFFF) + ((second >> 16) & 0xFFFF) + base - rem) % base
+    return sum1 | (sum2 << 16)
 
-    Only the last row is built per image: the PNG up to it (signature, header, the field's rows as stored deflate
-    blocks in an IDAT chunk of their own, padded by a comment chunk to a multiple of 3 bytes) is made once per size,
-    and its base64 too, so an image costs its last row, two checksums carried on from the field's, and one copy."""
+
+class SyntheticImages:
+    """Distinct noise images, each a pure function of (seed, name), that differ in every row and every column.
+
+    The image's first row is its own noise; every row after it is stored with PNG's Up filter over one noise field
+    per size, drawn once, so a decoded row is the sum of the first row and the field's rows above (mod 256): the
+    difference of two images is their first rows' difference, repeated in every row. A processor that crops or
+    resizes the image (SGLang hashes the processed pixels for its cache) still sees two different images.
+
+    Only the first row is built per image: the PNG after it (the field's rows as stored deflate blocks, in an IDAT
+    chunk of their own, padded to a multiple of 3 bytes by empty stored blocks) is made once per size, and its
+    base64 too, so an image costs its first row, a checksum carried on from the field's, and one copy."""
 
     def __init__(self, seed: str):
         self.seed = seed
-        self._heads: dict[tuple[int, int], tuple[bytes, str, int]] = {}
+        self._fields: dict[tuple[int, int], tuple[bytes, str, int, int]] = {}
 
-    def _head(self, width: int, height: int) -> tuple[bytes, str, int]:
-        """(the PNG before the last row, its base64, the adler-32 of the field's scanlines)."""
-        head = self._heads.get((width, height))
-        if head is None:
+    def build(self, width: int, height: int) -> None:
+        """Draw and encode the size's shared field now (prepare, before anything is timed), not in the send
+        path: 1024x768 takes tens of milliseconds."""
+        self._field(width, height)
+
+    def _field(self, width: int, height: int) -> tuple[bytes, str, int, int]:
+        """(the IDAT chunk of every row after the first, its base64, the adler-32 of those scanlines, their
+        length)."""
+        cached = self._fields.get((width, height))
+        if cached is None:
             stride = width * 3
-            field = random.Random(f"{self.seed}:{width}x{height}").randbytes(stride * (height - 1))
-            raw = _filtered(field, stride)
-            start = _PNG_MAGIC + _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            idat = _chunk(b"IDAT", b"\x78\x01" + _stored(raw, False))
-            pad = next(k for k in range(3) if (len(start) + 20 + k + len(idat)) % 3 == 0)  # tEXt: 12 + 8 + k
-            text = _chunk(b"tEXt", b"Comment\0" + b"-" * pad)
-            prefix = start + text + idat
-            head = self._heads[(width, height)] = (prefix, base64.b64encode(prefix).decode("ascii"),
-                                                   zlib.adler32(raw))
-        return head
+            noise = random.Random(f"{self.seed}:{width}x{height}").randbytes(stride * (height - 1))
+            raw = b"".join(b"\2" + noise[y:y + stride] for y in range(0, len(noise), stride))
+            body = _stored(raw, True) if raw else b""
+            pad = next(k for k in range(3) if (12 + len(body) + 5 * k) % 3 == 0)
+            body = b"".join(struct.pack("<BHH", 0, 0, 0xFFFF) for _ in range(pad)) + body
+            idat = _chunk(b"IDAT", body) if raw else b""
+            cached = self._fields[(width, height)] = (idat, base64.b64encode(idat).decode("ascii"),
+                                                      zlib.adler32(raw), len(raw))
+        return cached
 
-    def _tail(self, width: int, height: int, name: str) -> bytes:
-        _, _, adler = self._head(width, height)
+    def _head(self, width: int, height: int, name: str) -> tuple[bytes, bytes]:
+        """(the PNG up to the field: signature, header, padding, the zlib stream's start and the image's first
+        row, a multiple of 3 bytes long; the PNG after the field: the stream's checksum and the end)."""
+        _, _, field_adler, field_length = self._field(width, height)
         row = b"\0" + random.Random(f"{self.seed}:{name}").randbytes(width * 3)
-        return (_chunk(b"IDAT", _stored(row, True) + struct.pack(">I", zlib.adler32(row, adler)))
-                + _chunk(b"IEND", b""))
+        start = _PNG_MAGIC + _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        first = _chunk(b"IDAT", b"\x78\x01" + _stored(row, height == 1))
+        pad = next(k for k in range(3) if (len(start) + 20 + k + len(first)) % 3 == 0)  # tEXt: 12 + 8 + k
+        head = start + _chunk(b"tEXt", b"Comment\0" + b"-" * pad) + first
+        adler = _adler32_combine(zlib.adler32(row), field_adler, field_length)
+        return head, _chunk(b"IDAT", struct.pack(">I", adler)) + _chunk(b"IEND", b"")
 
     def png(self, width: int, height: int, name: str) -> bytes:
-        return self._head(width, height)[0] + self._tail(width, height, name)
+        head, tail = self._head(width, height, name)
+        return head + self._field(width, height)[0] + tail
 
     def data_url(self, width: int, height: int, name: str) -> str:
         """The image as a data URL; the same as data_url(png(...), "image/png"), built from the cached base64."""
-        return ("data:image/png;base64," + self._head(width, height)[1]
-                + base64.b64encode(self._tail(width, height, name)).decode("ascii"))
+        head, tail = self._head(width, height, name)
+        return ("data:image/png;base64," + base64.b64encode(head).decode("ascii") + self._field(width, height)[1]
+                + base64.b64encode(tail).decode("ascii"))
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:
@@ -214,6 +243,9 @@ class ImageWorkload:
         await self.inner.prepare(counter, needed)
         if self.from_dataset:
             self._load_dataset_images()
+        elif any(self.counts):
+            for width, height in self.sizes:
+                self.images.build(width, height)
 
     def _load_dataset_images(self) -> None:
         total = 0
