@@ -305,6 +305,23 @@ def test_items_per_second_pools_across_trials_as_a_window_weighted_mean():
     assert pooled.figures["e2e_ms"].dist.n == 30 and not STREAMED_ONLY & set(pooled.figures)
 
 
+def test_a_trial_without_usage_leaves_the_pooled_input_tokens_per_second_not_measured_with_its_reason():
+    from servelab.bench.metrics import summarize
+    from servelab.records import Usage
+
+    levels, tally = [], LevelTally(keep=False, count_window=False)
+    for trial in (0, 1):
+        rs = [r.model_copy(update={"usage": Usage(prompt_tokens=100) if trial == 0 else None})
+              for r in unary_records(trial, 12, 2)]
+        level = summarize(rs, tag="c1", mode="concurrency", concurrency=1, window=(rs[0].t_send_ns, rs[-1].t_end_ns))
+        levels.append(level)
+        tally.extend(rs)
+    assert levels[0].figures["input_tok_s"].value == pytest.approx(12 * 100 / levels[0].window_s)
+    pooled = pool_level(levels, tally, [0, 1]).figures["input_tok_s"]
+    assert pooled.value is None  # not trial 1's rate passed off as both trials'
+    assert pooled.note == f"not measured in trial 2: {levels[1].figures['input_tok_s'].note}"
+
+
 @pytest.mark.parametrize("options,said", [
     ({"endpoint": "embeddings", "mode": "sweep"}, "--endpoint embeddings runs in --mode single, concurrency, rate or "
                                                    "burst, not sweep"),

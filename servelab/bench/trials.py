@@ -132,6 +132,14 @@ def pool_level(levels: Sequence[Summary], records: Sequence[RequestRecord] | Lev
             continue
         figs = [(s, s.figures[key]) for s in measured if key in s.figures and s.figures[key].value is not None]
         template = first.figures[key]
+        lacking = [(trial, s.figures[key]) for s, trial in zip(levels, trials) if is_measured(s)
+                   and key in s.figures and s.figures[key].value is None]
+        if lacking:  # a mean over the other trials would be a different figure, silently
+            trial, figure = lacking[0]
+            pooled.figures[key] = template.model_copy(update={
+                "value": None, "dist": None,
+                "note": f"not measured in trial {trial + 1}: {figure.note or 'no value'}"})
+            continue
         if not figs or total_s <= 0:
             pooled.figures[key] = template.model_copy(update={"value": None, "dist": None,
                                                               "note": "not measured in any trial"})
