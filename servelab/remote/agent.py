@@ -93,7 +93,11 @@ def start(
     job_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
     job_dir = job_root(root) / job_id
     try:
-        job_dir.mkdir(parents=True)
+        # this user's only: job.json holds the command line, engine flags after `--` included, an experiment
+        # file the cell's environment, events.jsonl every line the command printed
+        os.umask(0o077)
+        job_dir.mkdir(parents=True, mode=0o700)
+        job_dir = job_dir.resolve()  # as the worker's command line and every later call name it
         (job_dir / "job.json").write_text(json.dumps({
             "argv": argv, "grace_s": grace, "on_disconnect": on_disconnect, "columns": columns,
             "created": time.time(), "version": __version__, "protocol": PROTOCOL}))
@@ -124,7 +128,9 @@ def worker_alive(job_dir: Path) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return False
-    return b"servelab.remote_job" in cmdline and stat.rsplit(")", 1)[-1].split()[0] != "Z"
+    # this job's worker: its directory is on its command line (another job's worker may have the pid after a reboot)
+    return (b"servelab.remote_job" in cmdline and os.fsencode(job_dir.resolve()) in cmdline
+            and stat.rsplit(")", 1)[-1].split()[0] != "Z")
 
 
 def _touch(path: Path) -> None:

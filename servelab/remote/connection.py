@@ -11,6 +11,7 @@ the far side its controller is gone (worker.py).
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from servelab.errors import UserError
 from servelab.lifecycle.supervisor import _pdeathsig_preexec
-from servelab.remote.target import CONNECT_TIMEOUT_S, SshTarget, ssh_base
+from servelab.remote.target import CONFIG_VAR, CONNECT_TIMEOUT_S, SSH_BINARY_VAR, SshTarget, safety_config, ssh_base
 
 SSH_FAILED = 255  # OpenSSH's own failures exit 255; anything else is the remote command's status
 NOT_FOUND = 127  # the remote shell found no such command
@@ -52,8 +53,36 @@ def ssh_failure(target: SshTarget, stderr: str) -> UserError:
     return UserError(f"ssh to {target} failed: {_last_line(text) or 'no message from ssh'}")
 
 
+def _missing_ssh() -> UserError:
+    return UserError("the OpenSSH client (`ssh`) is not installed here, which --on needs",
+                     hint=f"apt-get install openssh-client, or set {SSH_BINARY_VAR} to an ssh binary")
+
+
+def _spawn(argv: list[str], **kwargs) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(argv, **kwargs)
+    except FileNotFoundError:
+        raise _missing_ssh() from None
+
+
+def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, **kwargs)
+    except FileNotFoundError:
+        raise _missing_ssh() from None
+
+
+_KNOWN = ("Permission denied", "Host key", "host key", "Connection refused", "Could not resolve", "timed out",
+          "No route to host", "Bad configuration option", "line ", "Connection closed")
+
+
 def _last_line(text: str) -> str:
+    """The line that says what went wrong: the first naming a known failure (a bad config option's line comes
+    before ssh's "terminating"), else the last."""
     lines = [line.strip() for line in text.replace("\r", "").splitlines() if line.strip()]
+    for line in lines:
+        if any(mark in line for mark in _KNOWN):
+            return line
     return lines[-1] if lines else ""
 
 
@@ -70,6 +99,9 @@ class SshConnection:
         self.target = target
         self._dir = tempfile.mkdtemp(prefix="sl-ssh-")  # short: a unix socket path has ~104 bytes at most
         self.control_path = str(Path(self._dir) / "cm")
+        self.config_path = str(Path(self._dir) / "config")
+        Path(self.config_path).write_text(safety_config(os.environ.get(CONFIG_VAR)))
+        self._master_log = Path(self._dir) / "master.log"  # a file, not a pipe nobody reads while it runs
         self._master: subprocess.Popen | None = None
 
     @classmethod
@@ -83,21 +115,23 @@ class SshConnection:
             connection.close()
 
     def base(self) -> list[str]:
-        return ssh_base(self.target, self.control_path)
+        return ssh_base(self.target, self.control_path, self.config_path)
 
     def start_master(self, wait_s: float = MASTER_WAIT_S) -> None:
         """Authenticate once; raises UserError with OpenSSH's reason when it cannot."""
-        argv = ssh_base(self.target, self.control_path)
+        argv = self.base()
         host_at = argv.index("--")
         argv = argv[:host_at] + ["-M", "-N", "-o", "ControlPersist=no"] + argv[host_at:]
-        self._master = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, preexec_fn=_pdeathsig_preexec(),
-                                        process_group=0)
+        # a master killed outright leaves its socket, and a new master on that path would give up multiplexing
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.control_path)
+        with open(self._master_log, "wb") as log:
+            self._master = _spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                                  preexec_fn=_pdeathsig_preexec(), process_group=0)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if self._master.poll() is not None:
-                stderr = self._master.stderr.read().decode("utf-8", "replace") if self._master.stderr else ""
-                raise ssh_failure(self.target, stderr)
+                raise ssh_failure(self.target, self._master_log.read_text("utf-8", "replace"))
             if self.check():
                 return
             time.sleep(0.05)
@@ -108,8 +142,8 @@ class SshConnection:
         """Whether the master answers (`ssh -O check`)."""
         argv = self.base()
         at = argv.index("--")
-        done = subprocess.run(argv[:at] + ["-O", "check"] + argv[at:], stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=10)
+        done = _run(argv[:at] + ["-O", "check"] + argv[at:], stdin=subprocess.DEVNULL, capture_output=True,
+                    timeout=10)
         return done.returncode == 0
 
     @property
@@ -124,7 +158,7 @@ class SshConnection:
         """Run `remote` to completion. OpenSSH's own failure (exit 255) raises UserError; the remote command's
         exit status is returned for the caller to read."""
         try:
-            done = subprocess.run(self.command(remote), input=stdin, stdout=stdout, stderr=subprocess.PIPE,
+            done = _run(self.command(remote), input=stdin, stdout=stdout, stderr=subprocess.PIPE,
                                   timeout=timeout_s, stdin=None if stdin is not None else subprocess.DEVNULL,
                                   process_group=0)
         except subprocess.TimeoutExpired:
@@ -138,7 +172,7 @@ class SshConnection:
 
     def popen(self, remote: Sequence[str]) -> subprocess.Popen:
         """Start `remote` with its stdin and stdout as pipes (stderr too), for a streaming exchange."""
-        return subprocess.Popen(self.command(remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        return _spawn(self.command(remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, bufsize=0, preexec_fn=_pdeathsig_preexec(),
                                 process_group=0)
 
@@ -167,8 +201,6 @@ class SshConnection:
             if master.poll() is None:
                 master.kill()
                 master.wait()
-        if master.stderr is not None:
-            master.stderr.close()
 
     def close(self) -> None:
         self._stop_master()

@@ -1,11 +1,12 @@
 """The remote host as a URL, `ssh://[user@]host[:port]`, and the OpenSSH command lines that reach it.
 
 Everything the user's OpenSSH knows applies: ~/.ssh/config (Host aliases, ProxyJump, IdentityFile), the agent,
-known_hosts. servelab adds only what makes a non-interactive run safe: BatchMode (never a password prompt, which
-nobody would see), StrictHostKeyChecking=yes (a new or changed host key is refused, never accepted silently), and
-keep-alives so a dead connection is noticed within ALIVE_INTERVAL_S * ALIVE_COUNT seconds rather than the TCP
-timeout's minutes. Options given on the command line win over the config file in OpenSSH, so these hold whatever
-the config says.
+known_hosts. servelab adds only what makes a non-interactive run safe (SAFETY_OPTIONS): BatchMode (never a
+password prompt, which nobody would see), StrictHostKeyChecking=yes (a new or changed host key is refused, never
+accepted silently), keep-alives so a dead connection is noticed within ALIVE_INTERVAL_S * ALIVE_COUNT seconds
+rather than the TCP timeout's minutes, no pty and no RemoteCommand. They are written first in a config file of
+their own that includes the user's (the first value obtained wins), so they hold whatever the config says, for
+the host and for every jump host on the way.
 
 SERVELAB_SSH_CONFIG names a config file to use instead of ~/.ssh/config (`ssh -F`): the tests' own sshd, or a
 site's shared config.
@@ -74,15 +75,42 @@ class SshTarget:
         return self.url
 
 
-def ssh_base(target: SshTarget, control_path: str | None = None) -> list[str]:
-    """`ssh [options] host`, without the remote command: the command line every call starts with."""
+SAFETY_OPTIONS = {  # for every host a connection reaches, jump hosts included
+    "BatchMode": "yes",  # never a password or passphrase prompt, which nobody would see
+    "StrictHostKeyChecking": "yes",  # a new or changed host key is refused, never accepted silently
+    "ServerAliveInterval": str(ALIVE_INTERVAL_S),
+    "ServerAliveCountMax": str(ALIVE_COUNT),
+    "ConnectTimeout": str(CONNECT_TIMEOUT_S),
+    "RequestTTY": "no",  # a pty would mix the command's streams and turn Ctrl-C into bytes
+    "RemoteCommand": "none",  # a config's RemoteCommand would run instead of servelab
+    "ForwardAgent": "no",
+    "ClearAllForwardings": "yes",  # a config's LocalForward would fail on the second connection
+}
+
+
+def safety_config(user_config: str | None = None) -> str:
+    """The text of the config file every call is given with `-F`: servelab's safety options for every host
+    first (in ssh_config the first value obtained wins), then the user's own config and the system's, as ssh
+    reads them by default. A file, not `-o` options: OpenSSH hands a ProxyJump hop its `-F` but none of the
+    `-o` options, so options on the command line would not reach a jump host."""
+    lines = ["# written by servelab for one command (servelab/remote/target.py)", "Host *"]
+    lines += [f"  {key} {value}" for key, value in SAFETY_OPTIONS.items()]
+    lines += ["Host *", f"Include {user_config or '~/.ssh/config'}", "Include /etc/ssh/ssh_config", ""]
+    return "\n".join(lines)
+
+
+def ssh_base(target: SshTarget, control_path: str | None = None, config_path: str | None = None) -> list[str]:
+    """`ssh [options] host`, without the remote command: the command line every call starts with. `config_path`:
+    the file `safety_config` wrote (without one, the same options on the command line, for this host only)."""
     argv = [os.environ.get(SSH_BINARY_VAR) or "ssh"]
-    config = os.environ.get(CONFIG_VAR)
-    if config:
-        argv += ["-F", config]
-    argv += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-             "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}", "-o", f"ServerAliveCountMax={ALIVE_COUNT}",
-             "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}"]
+    if config_path is not None:
+        argv += ["-F", config_path]
+    else:
+        config = os.environ.get(CONFIG_VAR)
+        if config:
+            argv += ["-F", config]
+        for key, value in SAFETY_OPTIONS.items():
+            argv += ["-o", f"{key}={value}"]
     if control_path is not None:
         argv += ["-o", f"ControlPath={control_path}"]
     if target.port is not None:
