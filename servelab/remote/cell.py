@@ -24,6 +24,7 @@ from servelab.remote.controller import RemoteOptions
 from servelab.store.rundir import RunDir
 
 EXPERIMENT_FILE = "experiment.yaml"  # JSON, which is YAML
+INTERRUPTED = (130, 143, 129)  # the far side's exit after Ctrl-C, SIGTERM, SIGHUP (servelab/interrupts.py)
 
 
 class RemoteCellSession:
@@ -76,8 +77,12 @@ class RemoteCellSession:
                 raise UserError(f"the cell ran on {self.host} (exit status {code}) but left no run directory",
                                 hint=f"its output is in {job.dir} there")
             for item in cell_dir.iterdir():
-                if item.is_file():
-                    shutil.move(str(item), self.plan.run_dir / item.name)
+                if item.name == "cell.json":  # this experiment's own (its id, the cell's key here) stays
+                    continue
+                target = self.plan.run_dir / item.name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                shutil.move(str(item), target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         summary = RunSummary.model_validate_json((self.plan.run_dir / "summary.json").read_bytes())
@@ -89,6 +94,10 @@ class RemoteCellSession:
         if summary.status == "failed":
             self.failed = True
         self.save()
+        if job.stop_requested or code in INTERRUPTED:
+            # Ctrl-C here stopped the cell there: the experiment stops as it would for a local cell, with what
+            # was measured kept (a KeyboardInterrupt is how the runner hears of it)
+            raise KeyboardInterrupt
 
     def bench_trial(self, trial: int, slot: int = 0, round: int | None = None):
         matching = [t for t in self.summary.trials if t.index == trial]
@@ -114,11 +123,13 @@ class RemoteCellSession:
 
 
 def _placeholder_provenance(host: str):
-    from servelab.provenance import build_provenance
+    """Until the far side's run comes back: servelab's version and the time, no host (this machine is not where
+    the cell runs), ran_on the far host."""
+    from servelab import __version__
+    from servelab.provenance import utc_now_iso
+    from servelab.records import Provenance
 
-    provenance = build_provenance()
-    provenance.ran_on = host
-    return provenance
+    return Provenance(started_at=utc_now_iso(), servelab_version=__version__, ran_on=host)
 
 
 def _the_cell_dir(staging: Path, copied: list[str]) -> Path | None:

@@ -65,7 +65,10 @@ def replay(event: dict[str, Any], view: LaunchView, where: str) -> RemoteEngine 
         view.update(status_of(event["status"]))
     elif what == "ended":
         info = event.get("engine")
-        engine = RemoteEngine(**info) if isinstance(info, dict) else None
+        # keys this side does not know are left out: a newer far side of the same protocol may add some
+        names = {f.name for f in dataclasses.fields(RemoteEngine)}
+        engine = (RemoteEngine(**{k: v for k, v in info.items() if k in names})
+                  if isinstance(info, dict) and names <= info.keys() else None)
         view.ended(engine)  # type: ignore[arg-type]  # a view reads only url and ready_s of it
         return engine
     return None
