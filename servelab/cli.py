@@ -49,6 +49,21 @@ RemoteDirOpt = Annotated[Optional[str], typer.Option(
     "--remote-dir", help="With --on: where job directories go on that host (default ~/.servelab/remote).")]
 
 
+def _valued_options(command: str) -> frozenset[str]:
+    """The options of `command` that take a value, as the command line spells them: how --on tells a value from
+    an option when it forwards the command line."""
+    group = typer.main.get_command(app)
+    return frozenset(name for param in group.commands[command].params
+                     if not getattr(param, "is_flag", True) and not getattr(param, "count", False)
+                     for name in (*param.opts, *param.secondary_opts))
+
+
+def _forwarded(command: str, drops: tuple[str, ...] | None = None) -> list[str]:
+    from servelab.remote.commands import FORWARD_DROPS, forwarded_argv
+
+    return forwarded_argv(sys.argv[1:], command, drops or FORWARD_DROPS, _valued_options(command))
+
+
 def _remote_options(remote_python: str | None, remote_dir: str | None, on_disconnect: str = "stop",
                     grace_s: float = 60.0):
     from servelab.remote.controller import RemoteOptions
@@ -152,7 +167,7 @@ def up(
     Arguments after `--` go to the engine's own command line, e.g.
     `servelab up llamacpp -- --spec-type draft-simple --draft-model smollm2`."""
     if on is not None:
-        from servelab.remote.commands import forwarded_argv, remote_up
+        from servelab.remote.commands import remote_up
 
         if on_disconnect not in ("stop", "keep"):
             raise UserError(f"unknown --on-disconnect '{on_disconnect}'", hint="use stop or keep")
@@ -160,7 +175,7 @@ def up(
             raise UserError("--disconnect-grace must be positive")
         from servelab.report.live import launch_view
 
-        raise typer.Exit(remote_up(on, forwarded_argv(sys.argv[1:], "up"),
+        raise typer.Exit(remote_up(on, _forwarded("up"),
                                    _remote_options(remote_python, remote_dir, on_disconnect, disconnect_grace),
                                    _out_console(as_json), err_console, launch_view(_out_console(as_json))))
     from servelab.engines import EngineSpec
@@ -229,10 +244,9 @@ def verify_cmd(
     from servelab.verify.runner import verify
 
     if on is not None:
-        from servelab.remote.commands import forwarded_argv, remote_json
+        from servelab.remote.commands import remote_json
 
-        argv = [a for a in forwarded_argv(sys.argv[1:], "verify", ("--on", "--remote-python", "--remote-dir",
-                                                                     "--junit", "--api-key"))]
+        argv = _forwarded("verify", ("--on", "--remote-python", "--remote-dir", "--junit", "--api-key"))
         code, doc = remote_json(on, argv, _remote_options(remote_python, remote_dir), console, err_console,
                                 env_secrets={"SERVELAB_API_KEY": api_key} if api_key else None)
         if doc is None:
@@ -289,11 +303,11 @@ def bench_cmd(
     output = BenchOutput(out=out, store=store, csv=csv, keep_events_text=keep_events_text)
     args = BenchArgs(**bench_options)
     if on is not None:  # checked there: its files (a dataset, a trace) are that host's
-        from servelab.remote.commands import FORWARD_DROPS, forwarded_argv, remote_bench
+        from servelab.remote.commands import FORWARD_DROPS, remote_bench
         from servelab.store.db import default_store_path
 
         local_out = out or Path("runs")
-        code, _runs = remote_bench(on, forwarded_argv(sys.argv[1:], "bench", (*FORWARD_DROPS, "--api-key")),
+        code, _runs = remote_bench(on, _forwarded("bench", (*FORWARD_DROPS, "--api-key")),
                                    _remote_options(remote_python, remote_dir), console, err_console, local_out,
                                    store or default_store_path(local_out),
                                    env_secrets={"SERVELAB_API_KEY": args.api_key} if args.api_key else None)
@@ -474,9 +488,9 @@ def doctor_cmd(
     from servelab.report.doctor import render_diagnosis
 
     if on is not None:  # the process, log and URL are that host's: doctor runs there, its verdict is drawn here
-        from servelab.remote.commands import forwarded_argv, remote_json
+        from servelab.remote.commands import remote_json
 
-        code, doc = remote_json(on, forwarded_argv(sys.argv[1:], "doctor"), _remote_options(remote_python, remote_dir),
+        code, doc = remote_json(on, _forwarded("doctor"), _remote_options(remote_python, remote_dir),
                                 console, err_console)
         if doc is None:
             raise typer.Exit(code or 1)

@@ -27,26 +27,30 @@ FORWARD_DROPS = ("--on", "--remote-python", "--remote-dir", "--on-disconnect", "
 RESULTS = "results"  # the far side's --out, inside the job directory
 
 
-def forwarded_argv(argv: Sequence[str], command: str, drops: Sequence[str] = FORWARD_DROPS) -> list[str]:
+def forwarded_argv(argv: Sequence[str], command: str, drops: Sequence[str] = FORWARD_DROPS,
+                   valued: frozenset[str] = frozenset(), global_flags: Sequence[str] = ("--debug",)) -> list[str]:
     """`argv` (servelab's, without the program name) from `command` on, less the options in `drops` (as
-    `--opt value` or `--opt=value`). Arguments after `--` go through untouched (an engine's own options)."""
+    `--opt value` or `--opt=value`). `valued`: the command's options that take a value (the next word is that
+    value whatever it looks like, `--prompt --on` included). Arguments after `--` go through untouched (an
+    engine's own options); `global_flags` given before the command go first."""
     args = list(argv)
     try:
         start = args.index(command)
     except ValueError:
         raise UserError(f"cannot find the command `{command}` in the command line to run it remotely") from None
-    out, i, rest = [], start, None
+    out = [a for a in args[:start] if a in global_flags] + [command]
+    i, rest = start + 1, None
     while i < len(args):
         arg = args[i]
         if arg == "--":
             rest = args[i:]
             break
-        name = arg.split("=", 1)[0]
-        if name in drops:
-            i += 1 if "=" in arg else 2
-            continue
-        out.append(arg)
-        i += 1
+        name, inline = arg.split("=", 1)[0], "=" in arg
+        takes_value = arg.startswith("-") and (name in valued or name in drops) and not inline
+        width = 2 if takes_value and i + 1 < len(args) else 1
+        if not (arg.startswith("-") and name in drops):
+            out.extend(args[i:i + width])
+        i += width
     return out + (rest or [])
 
 
