@@ -13,7 +13,7 @@ import pytest
 
 from remote_support import READY, Run, engine_processes, health, no_traceback, wait_gone
 
-GRACE_S = 2
+GRACE_S = 3
 
 
 def up_ready(host, tmp_path, *extra: str) -> tuple[Run, str]:

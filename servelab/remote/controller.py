@@ -33,7 +33,7 @@ from servelab.remote.protocol import BEAT_S, compatibility, decode
 SILENT_LIMIT_S = 4 * BEAT_S  # a follower that sent nothing, not even a beat, for this long is on a dead link
 RECONNECT_EVERY_S = 1.0
 FETCH_TRIES = 3  # copies of the results begun again after a dropped connection, at most
-ALIVE_EVERY_S = 1.0  # how often the follower there hears that this side is still here
+ALIVE_EVERY_S = 0.5  # how often the follower there hears that this side is still here: well within any grace
 
 
 @dataclass

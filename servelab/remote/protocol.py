@@ -13,7 +13,7 @@ resumes exactly where a dropped connection left off), each with a kind `k`:
 `follow` adds lines of its own that are not in the file: {"k": "beat"} every BEAT_S (a connection that carries
 nothing for longer is dead), {"k": "lost", "why": "…"} when the far side's worker ended without its exit line.
 
-The other way, on `follow`'s stdin, the controller writes a line "alive" about once a second (only these keep the
+The other way, on `follow`'s stdin, the controller writes a line "alive" twice a second (only these keep the
 job's controller.alive fresh: a follower can outlive its controller on a link gone silent) and "stop" per Ctrl-C.
 
 Compatibility: the two sides must speak the same PROTOCOL. servelab versions that differ but share it work
