@@ -42,7 +42,7 @@ from servelab.engines.detect import detect_engine_config
 from servelab.errors import UserError
 from servelab.host.environment import EnvironmentSampler, is_local_host
 from servelab.net import check_credentials, ensure_reachable, normalize_base_url
-from servelab.protocol.dialects import dialect_for
+from servelab.protocol.dialects import Dialect, dialect_for
 from servelab.records import BenchResult, Figure, RequestRecord, Summary
 
 __all__ = ["BenchOptions", "BenchState", "BenchStopped", "bench", "headline"]
@@ -114,7 +114,7 @@ async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
     adapter, config = await detect_engine_config(session, url)
     if adapter is not None:
         state.engine = adapter.name
-        state.accepts_ignore_eos = adapter.accepts_ignore_eos and engine_fields_reach(state)
+        state.accepts_ignore_eos = adapter.sends_field("ignore_eos", workload_dialect(state))
         state.server_slots = adapter.slots(config)
     option = state.options.tokenizer
     if option == "auto":
@@ -127,7 +127,7 @@ async def prepare(state: BenchState, session: aiohttp.ClientSession) -> None:
 async def prepare_workload(state: BenchState, session: aiohttp.ClientSession) -> None:
     """Read files and measure prompts before any request is timed."""
     adapter = get_engine(state.engine) if state.engine else None
-    state.accepts_min_tokens = adapter.accepts_min_tokens and engine_fields_reach(state) if adapter else False
+    state.accepts_min_tokens = adapter.sends_field("min_tokens", workload_dialect(state)) if adapter else False
     counter = counter_for(state.engine, session, state.url, model=state.model)
     await state.options.workload.prepare(counter, needed=planned_requests(state))
     probe = getattr(state.options.workload, "probe_endpoint", None)
@@ -135,10 +135,11 @@ async def prepare_workload(state: BenchState, session: aiohttp.ClientSession) ->
         await probe(session, state.url, state.model)
 
 
-def engine_fields_reach(state: BenchState) -> bool:
-    """Whether the engine's own request fields (ignore_eos, min_tokens) reach it on the workload's endpoint: not on
-    /v1/messages, whose converters in llama.cpp and vLLM keep only Anthropic's fields (protocol/dialects/)."""
-    return dialect_for(getattr(state.options.workload, "endpoint", "/v1/chat/completions")).engine_fields
+def workload_dialect(state: BenchState) -> Dialect:
+    """The dialect of the workload's endpoint: with the engine, it decides which of the engine's own request fields
+    (ignore_eos, min_tokens) are sent (EngineAdapter.sends_field): none on /v1/messages, whose converters in llama.cpp
+    and vLLM keep only Anthropic's fields; on /v1/responses those the engine's ResponsesRequest reads."""
+    return dialect_for(getattr(state.options.workload, "endpoint", "/v1/chat/completions"))
 
 
 def planned_requests(state: BenchState) -> int | None:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
 from servelab.engines.stack_signature import StackSignature
 from servelab.protocol.tokenize import TokenizeAPI
 from servelab.records import LintFinding
+
+if TYPE_CHECKING:
+    from servelab.protocol.dialects.dialect import Dialect
 
 
 class EngineSpec(BaseModel):
@@ -123,6 +126,10 @@ class EngineAdapter:
     # Whether requests may carry OpenAI-style `min_tokens` (at least that many generated tokens) and the engine
     # honours it. Engines that ignore unknown fields (llama.cpp) must say no, or a request would look honoured.
     accepts_min_tokens: ClassVar[bool] = False
+    # Of those two, the ones the engine reads on an endpoint whose request it parses with a model of its own, not
+    # chat's, by dialect name (protocol/dialects/); a dialect not named here reads what chat reads. Each engine's
+    # ResponsesRequest is its own model, so by default neither is assumed to reach it on /v1/responses.
+    dialect_fields: ClassVar[dict[str, frozenset[str]]] = {"responses": frozenset()}
     # How to recognise this engine behind a URL: GET this path; `fingerprint` judges the JSON answer.
     fingerprint_path: ClassVar[str | None] = None
     # Prometheus metric names by meaning (ttft, itl, running, waiting, kv_usage, spec_drafted, spec_accepted, ...).
@@ -147,6 +154,14 @@ class EngineAdapter:
     profiler: ClassVar[ProfilerKind | None] = None
 
     # ---- launching ----
+    @classmethod
+    def sends_field(cls, field: Literal["ignore_eos", "min_tokens"], dialect: Dialect) -> bool:
+        """Whether requests on `dialect`'s endpoint carry `field`: only where the engine honours it (on chat), the
+        endpoint carries engine fields at all (not /v1/messages) and the engine's request model there reads it."""
+        honoured = cls.accepts_ignore_eos if field == "ignore_eos" else cls.accepts_min_tokens
+        reads = cls.dialect_fields.get(dialect.name)
+        return honoured and dialect.engine_fields and (reads is None or field in reads)
+
     def launch(self, spec: EngineSpec, port: int) -> Launch:
         """Check that the engine is installed (UserError saying how to install it if not), then build the launch."""
         self.require(spec)

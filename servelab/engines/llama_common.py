@@ -80,6 +80,9 @@ class LlamaCppFamily(EngineAdapter):
     # tools/server/server-task.cpp params_from_json_cmpl reads no minimum length (only n_predict/max_tokens,
     # ignore_eos, t_max_predict_ms); an unknown `min_tokens` would be silently ignored
     accepts_min_tokens = False
+    # /v1/responses is converted to a chat request and read by the same params_from_json_cmpl: ignore_eos is honoured
+    # there (measured: an answer of exactly max_output_tokens)
+    dialect_fields = {"responses": frozenset({"ignore_eos"})}
     fingerprint_path = "/props"
     metric_names = LLAMA_SERVER_METRICS
     config_paths = ["/props", "/v1/models", "/slots"]

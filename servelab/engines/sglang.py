@@ -161,6 +161,9 @@ class SGLang(EngineAdapter):
     # The OpenAI endpoints take `min_tokens` (protocol.py ChatCompletionRequest/CompletionRequest) and pass it on
     # as the sampling parameter `min_new_tokens` (serving_chat.py / serving_completions.py _build_sampling_params)
     accepts_min_tokens = True
+    # ResponsesRequest (python/sglang/srt/entrypoints/openai/protocol.py) has neither ignore_eos nor min_tokens, and
+    # its to_sampling_params builds max_new_tokens, temperature, top_p, penalties and stop only: both stay off there
+    dialect_fields = {"responses": frozenset()}
     fingerprint_path = "/server_info"
     metric_names = SGLANG_METRICS
     config_paths = ["/server_info", "/get_server_info"]

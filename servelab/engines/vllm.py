@@ -149,6 +149,10 @@ class VLLM(EngineAdapter):
     # ChatCompletionRequest / CompletionRequest `min_tokens: int = 0` -> SamplingParams.min_tokens
     # (vllm/entrypoints/openai/chat_completion/protocol.py)
     accepts_min_tokens = True
+    # ResponsesRequest (vllm/entrypoints/openai/responses/protocol.py, 0.32.0) has `ignore_eos` and passes it to
+    # SamplingParams, and no `min_tokens` (an extra field it logs as ignored); versions before ~0.11 had neither,
+    # which the ignore_eos length check then says
+    dialect_fields = {"responses": frozenset({"ignore_eos"})}
     fingerprint_path = "/version"
     metric_names = VLLM_METRICS
     # Only with VLLM_SERVER_DEV_MODE=1; otherwise the engine-config log line is the source.

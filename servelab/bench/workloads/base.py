@@ -42,7 +42,7 @@ class OutputSpec:
         d["ignore_eos"] = self.ignore_eos and accepts_ignore_eos
         d["min_tokens"] = self.min_tokens if accepts_min_tokens else None
         if self.min_tokens is not None and not accepts_min_tokens:
-            d["min_tokens_not_sent"] = "the engine is not known to honour min_tokens"
+            d["min_tokens_not_sent"] = "the engine is not known to honour min_tokens on this endpoint"
         return d
 
 
