@@ -129,6 +129,7 @@ class RequestRecord(BaseModel):
     # the calls as streamed ([]: none made), the arrival of the first tool_calls piece and of the finish_reason that
     # completed them, whether every call's arguments parse as a JSON object, whether every call also names a
     # declared tool and validates against its parameters, and the first problem found.
+    tools_declared: int | None = None  # how many tools the request's `tools` declared; None: it had none
     tool_calls: list[ToolCall] | None = None
     t_first_tool_ns: int | None = None
     t_tool_done_ns: int | None = None

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 from servelab.records import CountMethod, Distribution, Figure, RequestRecord, Summary
+from servelab.protocol.dialects import dialect_for
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
@@ -202,13 +203,21 @@ def saw_reasoning(levels: Iterable[Summary]) -> bool:
 def token_accounting_warnings(ok: Sequence[RequestRecord]) -> list[str]:
     """Say when the client's counts and the server's usage disagree, or when the requested length was ignored."""
     warnings: list[str] = []
-    mismatched = [r for r in ok if r.usage and r.usage.completion_tokens is not None
+    # tokens in usage and no event read at all: said apart, not as a count that differs (docs/metrics.md#dialects)
+    unread = [r for r in ok if r.usage and r.usage.completion_tokens and not r.events]
+    mismatched = [r for r in ok if r.usage and r.usage.completion_tokens is not None and r not in unread
                   and r.usage.completion_tokens != r.output_tokens and not _eos_only(r)]
     if mismatched:
         r = mismatched[0]
         warnings.append(f"{len(mismatched)} of {len(ok)} requests: client token count differs from the server's "
                         f"usage (e.g. request {r.index}: {r.output_tokens} counted by {r.count_method}, "
                         f"{r.usage.completion_tokens} in usage)")
+    if unread:
+        r = unread[0]
+        warnings.append(f"{len(unread)} of {len(ok)} requests: the server counted output tokens but the client "
+                        f"read none from the stream, so these requests have no TTFT and add no output tokens (e.g. "
+                        f"request {r.index}: {r.usage.completion_tokens} in usage, no token event read from "
+                        f"{r.chunks} events)")
     short = [r for r in ok if r.sampling.get("ignore_eos") and r.max_tokens is not None
              and r.output_tokens != r.max_tokens]
     if short:
@@ -269,7 +278,8 @@ def goodput_figures(records: Sequence[RequestRecord], slos: Sequence, window: tu
 def _eos_only(r: RequestRecord) -> bool:
     """A client tokenizer cannot see the end-of-sequence token, which servers count in usage: a request that
     stopped on EOS is one token short by construction, not by error."""
-    return (r.count_method == "client_tokenizer" and r.finish_reason == "stop" and r.usage is not None
+    return (r.count_method == "client_tokenizer" and r.usage is not None
+            and r.finish_reason in dialect_for(r.endpoint).natural_stops
             and r.usage.completion_tokens == r.output_tokens + 1)
 
 

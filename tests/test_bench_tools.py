@@ -274,6 +274,8 @@ def test_the_real_engine_streams_tool_calls_that_are_timed_in_order_and_judged_a
     for r in measured:
         assert r.t_send_ns < r.t_first_tool_ns <= r.t_tool_done_ns <= r.t_end_ns
         assert r.tool_calls[0].name == "get_weather" and r.tool_calls[0].fragments > 1
+        # the call's tokens are counted from llama.cpp's running counts, to the server's own total
+        assert r.count_method == "server_per_chunk" and r.output_tokens == r.usage.completion_tokens > 0
     # the share, reparsed from the calls as recorded: their arguments parse and validate against the tool's schema
     def reparsed_valid(r) -> bool:
         try:
@@ -372,3 +374,44 @@ def test_a_piece_without_an_index_spoils_its_requests_calls_and_object_arguments
     assert (record.t_first_tool_ns, record.t_tool_done_ns) == (5, 8)
     assert (record.tool_calls_parse, record.tool_calls_valid) == (False, False)
     assert record.tool_problem.startswith("a tool_calls piece without an integer index")
+
+
+def judged(index: int, body: dict, joiner) -> RequestRecord:
+    from servelab.bench.tool_calls import judge_answer
+
+    t = 10**12 + index * 10**8
+    record = RequestRecord(index=index, endpoint="/v1/chat/completions", t_send_ns=t, t_end_ns=t + 10**7, ok=True)
+    judge_answer(record, body, joiner, t + 5 * 10**6)
+    return record
+
+
+def joined(index: int, *pieces: dict):
+    """The pieces of request `index` (as judged() times it), each arriving 1 ms after it was sent."""
+    from servelab.bench.tool_calls import ToolCallJoiner
+
+    joiner = ToolCallJoiner()
+    for piece in pieces:
+        joiner.add([piece], 10**12 + index * 10**8 + 10**6)
+    return joiner
+
+
+def test_the_call_share_is_over_the_requests_that_declared_tools_and_unplaced_pieces_are_calls() -> None:
+    from servelab.bench.answer_figures import answer_figures
+    from servelab.bench.tally import LevelTally
+
+    call = {"index": 0, "id": "c", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    records = [
+        judged(0, {"tools": BUILTIN_TOOLS}, joined(0, call)),  # declared, called: parses and is valid
+        judged(1, {"tools": BUILTIN_TOOLS}, None),  # declared, answered in words
+        # declared, and its only piece has no index: a call was made, and it does not parse
+        judged(2, {"tools": BUILTIN_TOOLS}, joined(2, {"function": {"arguments": "{}"}})),
+        judged(3, {}, joined(3, call)),  # declared none, got a call anyway: recorded, in no share
+    ]
+    assert [r.tools_declared for r in records] == [len(BUILTIN_TOOLS)] * 3 + [None]
+    assert records[3].tool_calls and records[3].tool_calls_valid is False  # named a tool nobody declared
+    assert records[2].tool_calls == [] and records[2].tool_calls_parse is False
+    assert records[2].t_send_ns < records[2].t_first_tool_ns <= records[2].t_tool_done_ns <= records[2].t_end_ns
+    figures = answer_figures(LevelTally.from_records(records).tool_rows, [])
+    assert figures["tool_call_share"].value == pytest.approx(2 / 3)  # requests 0 and 2, of the three that declared
+    assert figures["tool_parse_share"].value == pytest.approx(1 / 2)  # request 0 of the two that called
+    assert figures["tool_valid_share"].value == pytest.approx(1 / 2)

@@ -39,7 +39,9 @@ class ToolRow(NamedTuple):
 
 def tool_row(r: RequestRecord) -> ToolRow:
     """The row of one successful request that declared tools (its `tool_calls` is a list)."""
-    return ToolRow(bool(r.tool_calls), _ms(tool_first_ns(r)), _ms(tool_call_ns(r)), bool(r.tool_calls_parse),
+    # a request whose pieces could not be placed made calls that do not parse (tool_calls_parse False), not none
+    called = bool(r.tool_calls) or r.tool_calls_parse is False
+    return ToolRow(called, _ms(tool_first_ns(r)), _ms(tool_call_ns(r)), bool(r.tool_calls_parse),
                    bool(r.tool_calls_valid))
 
 

@@ -116,14 +116,13 @@ class _StreamState:
                 raise _Failure("in_band", f"the stream sent an `event: error`: {_event_error_text(data)}")
             if event == "ping":  # Anthropic's keep-alive: like a `: ping` comment, it does not end idleness
                 return False
-        self.last_event_ns = now_ns
         if data == "[DONE]":
+            self.last_event_ns = now_ns
             if self.ends_with:  # not these streams' end: before their end event (after it nothing is read)
                 raise _Failure("disconnect", f"the stream sent [DONE] after {self.events} events, before "
                                              f"{self.ends_with}")
             self.saw_done = True
             return True
-        self.events += 1
         try:
             obj = orjson.loads(data)  # ~3x faster than json on these small objects: the client's biggest cost
         except orjson.JSONDecodeError:
@@ -131,7 +130,11 @@ class _StreamState:
         try:
             view = self.read(obj)
         except MalformedChunk as exc:
-            raise _Failure("parse", f"event {self.events} is not {self.what}: {exc}") from None
+            raise _Failure("parse", f"event {self.events + 1} is not {self.what}: {exc}") from None
+        if view.keep_alive:  # a keep-alive in a data event (Messages' data-only ping): as a `: ping` comment
+            return False
+        self.events += 1
+        self.last_event_ns = now_ns
         if view.error is not None:
             raise _Failure("in_band", view.error)
         if view.usage is not None:

@@ -261,6 +261,8 @@ def reasoning_share(ok: Sequence[RequestRecord], method) -> Figure:
 # The per-request checks a tally counts (bench/tally.py `_warnings`), with how each is said.
 _WARNINGS = {
     "usage": "client token count differs from the server's usage (e.g. {example})",
+    "unread": "the server counted output tokens but the client read none from the stream, so these requests "
+              "have no TTFT and add no output tokens (e.g. {example})",
     "ignore_eos": "did not produce the requested max_tokens despite ignore_eos (e.g. {example})",
     "prompt": "the prompt the workload built is not the length the server counted (e.g. {example})",
     "min_tokens": "stopped before the requested min_tokens (e.g. {example})",
@@ -276,14 +278,14 @@ def _tally_warnings(tally: LevelTally, keys: Iterable[str] = tuple(_WARNINGS)) -
         text = _WARNINGS[key]
         n = tally.warn_counts.get(key, 0)
         if n:
-            sep = ": " if key in ("usage", "prompt") else " "
+            sep = ": " if key in ("usage", "prompt", "unread") else " "
             out.append(f"{n} of {tally.ok} requests{sep}" + text.format(example=tally.warn_example[key]))
     return out
 
 
 def token_accounting_warnings(ok: Sequence[RequestRecord]) -> list[str]:
     """Say when the client's counts and the server's usage disagree, or when the requested length was ignored."""
-    return _tally_warnings(LevelTally.from_records(ok), ("usage", "ignore_eos"))
+    return _tally_warnings(LevelTally.from_records(ok), ("usage", "unread", "ignore_eos"))
 
 
 def length_control_warnings(ok: Sequence[RequestRecord]) -> list[str]:

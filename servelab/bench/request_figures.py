@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from servelab.bench.sketch import percentile
+from servelab.protocol.dialects import dialect_for
 from servelab.records import RequestRecord
 
 NS_PER_MS = 1_000_000
@@ -101,9 +102,11 @@ def generated_tokens(r: RequestRecord) -> int:
 
 def one_short_by_eos(r: RequestRecord) -> bool:
     """A client tokenizer cannot see the end-of-sequence token, which servers count in usage: a request that
-    stopped on EOS is one token short by construction, not by error."""
-    return (r.count_method == "client_tokenizer" and r.finish_reason == "stop" and r.usage is not None
-            and r.usage.completion_tokens == r.output_tokens + 1)
+    stopped on EOS is one token short by construction, not by error. Which finish reasons mean that is the
+    endpoint's dialect's (chat's `stop`, Messages' `end_turn` and `stop_sequence`, Responses' `completed`)."""
+    return (r.count_method == "client_tokenizer" and r.usage is not None
+            and r.usage.completion_tokens == r.output_tokens + 1
+            and r.finish_reason in dialect_for(r.endpoint).natural_stops)
 
 
 def error_key(r: RequestRecord) -> tuple:

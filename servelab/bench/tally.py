@@ -214,7 +214,7 @@ class LevelTally:
         self._warnings(r, output)
         if (r.usage is not None and r.usage.cached_tokens is not None) or r.turn is not None:
             self.cache_rows.append(cache_row(r))  # only these make a row worth keeping (cache_figures.py)
-        if r.tool_calls is not None:
+        if r.tools_declared is not None:  # the shares are over requests that declared tools (docs/metrics.md)
             self.tool_rows.append(tool_row(r))
         if r.schema_valid is not None:
             self.schema_verdicts.append(r.schema_valid)
@@ -266,7 +266,12 @@ class LevelTally:
 
     def _warnings(self, r: RequestRecord, output: int) -> None:
         usage = r.usage
-        if usage and usage.completion_tokens is not None and usage.completion_tokens != output \
+        if usage and usage.completion_tokens and not r.events:
+            # the server generated tokens, and no event the client read carried one (an event type it does not
+            # read): no TTFT, no output figure from this request, and the summary says why instead of a silent 0
+            self._warn("unread", f"request {r.index}: {usage.completion_tokens} in usage, no token event read "
+                                 f"from {r.chunks} events")
+        elif usage and usage.completion_tokens is not None and usage.completion_tokens != output \
                 and not one_short_by_eos(r):
             self._warn("usage", f"request {r.index}: {output} counted by {r.count_method}, "
                                 f"{usage.completion_tokens} in usage")

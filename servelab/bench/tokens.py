@@ -39,7 +39,10 @@ def count_tokens(chunks: list[RawChunk], usage: Usage | None) -> tuple[list[Toke
 
 def _from_running_counts(chunks: list[RawChunk], usage: Usage | None) -> list[TokenEvent] | None:
     text_chunks = [c for c in chunks if c.answer or c.reasoning or c.tool]
-    if not text_chunks or any(c.running_count is None for c in text_chunks):
+    # A tool-call piece without a count (llama.cpp's Responses output_item.added, which names the call, has no
+    # timings) is not a reason to distrust the others: its tokens are in the next count's increase.
+    if not any(c.running_count is not None for c in text_chunks) \
+            or any(c.running_count is None for c in text_chunks if not c.tool):
         return None
     events: list[TokenEvent] = []
     counted = 0

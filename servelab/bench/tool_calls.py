@@ -30,18 +30,27 @@ _PROBLEM_CHARS = 200
 class ToolCallJoiner:
     """One stream's tool calls, joined from their delta pieces."""
 
-    __slots__ = ("calls", "first_ns", "problem")
+    __slots__ = ("calls", "first_ns", "problem", "items")
 
     def __init__(self) -> None:
         self.calls: dict[int, ToolCall] = {}
         self.first_ns: int | None = None  # arrival of the first event that carried tool_calls pieces
         self.problem: str | None = None
+        self.items: dict[str, int] = {}  # a Responses call's item id: the index its pieces are joined at
 
     def add(self, pieces: list, now_ns: int) -> None:
         if self.first_ns is None:
             self.first_ns = now_ns
         for piece in pieces:
             index = piece.get("index") if isinstance(piece, dict) else None
+            item = piece.get("item_id") if isinstance(piece, dict) else None
+            if isinstance(item, str) and item:
+                # Responses events name their call's item; llama.cpp sends no output_index, so the item places them
+                known = self.items.get(item)
+                if known is None:
+                    known = index if isinstance(index, int) and not isinstance(index, bool) else len(self.items)
+                    self.items[item] = known
+                index = known
             if not isinstance(index, int) or isinstance(index, bool):
                 self.problem = self.problem or f"a tool_calls piece without an integer index: {_short(piece)}"
                 continue
@@ -75,15 +84,19 @@ class ToolCallJoiner:
 # ---- what a request declared ----------------------------------------------------------------------------------
 
 def declared_tools(body: dict[str, Any]) -> dict[str, Any] | None:
-    """{name: parameters schema (None: none given)} of the request's `tools`; None when it declared none."""
+    """{name: parameters schema (None: none given)} of the request's `tools`; None when it declared none. Chat nests
+    each in `function` ({"type": "function", "function": {"name", "parameters"}}); Responses declares it flat
+    ({"type": "function", "name", "parameters"}), Messages flat with `input_schema`."""
     tools = body.get("tools")
     if not isinstance(tools, list) or not tools:
         return None
     out: dict[str, Any] = {}
     for tool in tools:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            out[function["name"]] = function.get("parameters")
+        if not isinstance(tool, dict):
+            continue
+        function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        if isinstance(function.get("name"), str):
+            out[function["name"]] = function.get("parameters", function.get("input_schema"))
     return out
 
 
@@ -119,6 +132,7 @@ def judge_answer(record: RequestRecord, body: dict[str, Any], joiner: ToolCallJo
     """Fill the record's tool-call and structured-output fields from what the request declared (left None when it
     declared neither)."""
     tools = declared_tools(body)
+    record.tools_declared = len(body["tools"]) if tools is not None else None
     if tools is not None or joiner is not None:
         judge_tool_calls(record, tools or {}, joiner, finish_ns)
     schema = requested_schema(body)
@@ -132,8 +146,11 @@ def judge_tool_calls(record: RequestRecord, tools: dict[str, Any], joiner: ToolC
     record.tool_calls = calls
     if not calls:
         if joiner is not None and joiner.problem:
+            # pieces arrived that the client could not place: the request made calls, and they do not parse
             record.tool_calls_parse = record.tool_calls_valid = False
             record.tool_problem = joiner.problem
+            record.t_first_tool_ns = joiner.first_ns
+            record.t_tool_done_ns = finish_ns if finish_ns is not None else record.t_end_ns
         return
     record.t_first_tool_ns = joiner.first_ns if joiner is not None else None
     # The call is complete when the server says it stopped (the event with finish_reason); a stream that ended

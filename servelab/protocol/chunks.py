@@ -49,6 +49,9 @@ class ChunkView:
     # The chat delta's `tool_calls` pieces as sent (a list: each with its `index`, the first of a call with `id`,
     # `type` and `function.name`, then `function.arguments` fragments); the client joins them (bench/tool_calls.py)
     tool_calls: list | None = None
+    # A keep-alive sent as a data event (Messages' data-only `{"type": "ping"}`): the client treats it as a `: ping`
+    # comment, neither an event for any count nor one that holds the idle deadline off
+    keep_alive: bool = False
 
 
 def parse_usage(obj: Any) -> Usage | None:

@@ -26,3 +26,6 @@ class Dialect:
     # Chat messages in, the request's fields out: {"messages": …}, {"input": …}, {"system": …, "messages": …}
     content_fields: Callable[[list[dict[str, Any]]], dict[str, Any]]
     takes_prompt: bool = False  # a bare prompt string (completions) rather than chat messages
+    # The finish reasons of an answer that ended by itself (the model's end-of-sequence token, a stop sequence), not
+    # at the limit: the client tokenizer cannot see that last token, which servers count (bench/request_figures.py)
+    natural_stops: frozenset[str] = frozenset({"stop"})

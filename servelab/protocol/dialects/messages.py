@@ -9,12 +9,16 @@ none in tests/fixtures/dialects):
   prefix llama.cpp held says input_tokens 1, cache_read_input_tokens 32). Its output_tokens is a placeholder (0 or
   1) and is not read;
 - content_block_delta: `delta.text` of a text_delta is answer, `delta.thinking` of a thinking_delta reasoning,
-  kept apart; input_json_delta (tool input) and signature_delta carry neither;
+  kept apart; signature_delta carries neither;
+- a tool call: content_block_start with a `tool_use` block (its `id` and `name`), then input_json_delta deltas
+  (`partial_json` fragments of its input) at the block's `index`: read as chat's tool_calls pieces (the start as the
+  call's first piece, each fragment as an arguments piece, the block index as the call's), so each is a token event
+  with no text and the client joins the call (bench/tool_calls.py) as on chat;
 - message_delta: `delta.stop_reason` (end_turn, max_tokens, …) and `usage.output_tokens`, the answer's whole count
   (cumulative; vLLM repeats input_tokens there);
 - message_stop: the end of a complete stream;
-- error (`error.type`, `error.message`): the request failed in-band; ping: nothing (the SSE layer does not let an
-  `event: ping` hold the idle deadline off either).
+- error (`error.type`, `error.message`): the request failed in-band; ping: a keep-alive, whether it came as
+  `event: ping` or as data alone, so it holds the idle deadline off no more than a `: ping` comment does.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from servelab.protocol.chunks import ChunkView, MalformedChunk, _excerpt
 from servelab.protocol.dialects.dialect import Dialect
 from servelab.protocol.dialects.common import NOTHING, count, error_view, event_type, text_of
 from servelab.records import Usage
+
+KEEP_ALIVE = ChunkView(keep_alive=True)
 
 
 def read_event(obj: Any) -> ChunkView:
@@ -38,7 +44,18 @@ def read_event(obj: Any) -> ChunkView:
             return ChunkView(answer=text_of(delta, "text", "a text_delta"))
         if sort == "thinking_delta":
             return ChunkView(reasoning=text_of(delta, "thinking", "a thinking_delta"))
+        if sort == "input_json_delta":
+            fragment = text_of(delta, "partial_json", "an input_json_delta")
+            return ChunkView(tool_calls=[{"index": obj.get("index"), "function": {"arguments": fragment}}])
         return NOTHING
+    if kind == "content_block_start":
+        block = obj.get("content_block")
+        if block.__class__ is dict and block.get("type") == "tool_use":
+            return ChunkView(tool_calls=[{"index": obj.get("index"), "id": block.get("id"),
+                                          "function": {"name": block.get("name")}}])
+        return NOTHING
+    if kind == "ping":
+        return KEEP_ALIVE
     if kind == "message_start":
         message = obj.get("message")
         if message.__class__ is not dict:
@@ -54,7 +71,7 @@ def read_event(obj: Any) -> ChunkView:
         return ChunkView(end=True)
     if kind == "error":
         return error_view(obj.get("error"), obj)
-    return NOTHING  # ping, content_block_start/stop, and event types added later
+    return NOTHING  # content_block_stop, and event types added later
 
 
 def usage_of(raw: Any, *, with_output: bool) -> Usage | None:
@@ -91,4 +108,5 @@ def messages_fields(messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 MESSAGES = Dialect(name="messages", path="/v1/messages", read=read_event, merge_usage=merge_usage,
                    ends_with="message_stop", max_tokens_field="max_tokens", engine_fields=False,
-                   stream_options=False, content_fields=messages_fields)
+                   stream_options=False, content_fields=messages_fields,
+                   natural_stops=frozenset({"end_turn", "stop_sequence"}))

@@ -6,6 +6,12 @@ entrypoints/openai/responses send the same):
 - response.output_text.delta: answer text in `delta`;
 - response.reasoning_text.delta (llama.cpp, vLLM) and response.reasoning_summary_text.delta (OpenAI's summaries):
   reasoning text in `delta`, kept apart from the answer;
+- response.refusal.delta: the model's refusal, answer text in `delta` (what it answered instead);
+- a function call: response.output_item.added with a `function_call` item (its `call_id` and `name`), then
+  response.function_call_arguments.delta fragments in `delta`, both naming the item (`item.id`, `item_id`; vLLM
+  adds `output_index`, llama.cpp does not, nor timings on the item): read as chat's tool_calls pieces (the call's
+  first piece, then arguments pieces) placed by their item, so each is a token event with no text and the client
+  joins the call (bench/tool_calls.py) as on chat;
 - response.completed, or response.incomplete (OpenAI ends a response cut at max_output_tokens so; vLLM sends
   response.completed with status incomplete): the end of a complete stream; its `response.usage` has input_tokens,
   output_tokens (with input_tokens_details.cached_tokens, output_tokens_details.reasoning_tokens where sent), its
@@ -13,8 +19,8 @@ entrypoints/openai/responses send the same):
 - response.failed (`response.error`) and `error` (`message`, `code`): the request failed in-band;
 - llama.cpp adds its `timings` (predicted_n, cache_n) to the deltas when asked with timings_per_token, and to
   response.completed always: read as on chat chunks.
-Every other event (response.created, response.in_progress, output_item/content_part added and done, the .done
-events) carries nothing a benchmark reads; the .done events repeat text the deltas already carried.
+Every other event (response.created, response.in_progress, a message's output_item and content_part added and
+done, the .done events) carries nothing a benchmark reads; the .done events repeat text the deltas already carried.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from servelab.protocol.dialects.common import NOTHING, error_view, event_type, r
 from servelab.records import Usage
 
 TEXT = "response.output_text.delta"
+REFUSAL = "response.refusal.delta"
+CALL_STARTS = "response.output_item.added"
+ARGUMENTS = "response.function_call_arguments.delta"
 REASONING = ("response.reasoning_text.delta", "response.reasoning_summary_text.delta")
 ENDS = ("response.completed", "response.incomplete")
 FAILED = ("response.failed", "error")
@@ -40,6 +49,22 @@ def read_event(obj: Any) -> ChunkView:
         if kind == TEXT:
             return ChunkView(answer=text, running_count=predicted, cache_n=cache_n)
         return ChunkView(reasoning=text, running_count=predicted, cache_n=cache_n)
+    if kind == ARGUMENTS:
+        predicted, cache_n = running_count(obj) if "timings" in obj else (None, None)
+        piece = {"index": obj.get("output_index"), "item_id": obj.get("item_id"),
+                 "function": {"arguments": text_of(obj, "delta", kind)}}
+        return ChunkView(tool_calls=[piece], running_count=predicted, cache_n=cache_n)
+    if kind == CALL_STARTS:
+        item = obj.get("item")
+        if item.__class__ is dict and item.get("type") == "function_call":
+            piece = {"index": obj.get("output_index"), "item_id": item.get("id"),
+                     "id": item.get("call_id") or item.get("id"),
+                     "function": {"name": item.get("name"), "arguments": item.get("arguments") or ""}}
+            predicted, cache_n = running_count(obj) if "timings" in obj else (None, None)
+            return ChunkView(tool_calls=[piece], running_count=predicted, cache_n=cache_n)
+        return NOTHING
+    if kind == REFUSAL:
+        return ChunkView(answer=text_of(obj, "delta", kind))
     if kind in ENDS:
         return _end(obj, kind)
     if kind in FAILED:
@@ -92,4 +117,6 @@ def input_fields(messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 RESPONSES = Dialect(name="responses", path="/v1/responses", read=read_event, merge_usage=None,
                     ends_with="response.completed", max_tokens_field="max_output_tokens", engine_fields=True,
-                    stream_options=False, content_fields=input_fields)
+                    stream_options=False, content_fields=input_fields,
+                    # vLLM's status at a natural end; llama.cpp's too, but also at the limit (docs/metrics.md#dialects)
+                    natural_stops=frozenset({"completed"}))
