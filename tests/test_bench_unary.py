@@ -253,6 +253,25 @@ def test_a_wrong_dimension_or_bad_json_fails_that_request_with_the_detail_and_th
     assert level.figures["items_s"].value * level.window_s == pytest.approx(2 * level.ok)
 
 
+@pytest.mark.parametrize("vectors, said", [
+    ([[0.5, 0.5], [0.0, 0.0]], "embedding 1 is all zeros: no vector describes its input"),
+    ([[0.5, 0.25], [0.1, 0.2], [0.5, 0.25]], "embeddings 0 and 2 are identical for different inputs"),
+    ([[0.5, "0.25"]], "embedding 0 holds '0.25', not a finite number"),
+    ([[0.5, None]], "embedding 0 holds None, not a finite number"),
+    ([[float("nan"), 1.0]], "embedding 0 holds nan, not a finite number"),
+])
+def test_zero_identical_or_non_numeric_vectors_are_wrong_answers_that_say_which(vectors, said):
+    from servelab.bench.unary_client import WrongAnswer, check_embeddings
+
+    answer = {"data": [{"index": i, "embedding": v} for i, v in enumerate(vectors)]}
+    with pytest.raises(WrongAnswer) as caught:
+        check_embeddings(answer, len(vectors), 2)
+    assert caught.value.detail == said
+    # the same values in vectors that differ pass: near neighbours are not identical
+    assert check_embeddings({"data": [{"index": 0, "embedding": [0.5, 0.25]},
+                                      {"index": 1, "embedding": [0.5, 0.2500001]}]}, 2, 2) == 2
+
+
 def test_an_answer_without_usage_leaves_input_tokens_per_second_not_measured():
     async def handler(request: web.Request) -> web.StreamResponse:
         answer = embeddings_body((await request.json())["input"])

@@ -11,8 +11,8 @@ kinds, Retry-After and cancellation bookkeeping, and its deadlines (docs/metrics
 
 One timer per request checks them, re-armed only when it fires. The answer is read whole, up to ANSWER_MAX bytes
 (an error body up to the stream client's 64 KiB), then checked against `expect`: an embedding per input, all of
-one dimension (the run's, which the workload measured before the run), finite numbers; one finite score per
-rerank document with a valid index. A wrong answer fails its request with a detail that says what was wrong.
+one dimension (the run's, which the workload measured before the run), finite numbers, not all zeros, no two
+bit-identical (the inputs always differ); one finite score per rerank document with a valid index. A wrong answer fails its request with a detail that says what was wrong.
 """
 
 from __future__ import annotations
@@ -213,6 +213,7 @@ def check_embeddings(answer: Any, items: int, dimension: int | None) -> int:
     if len(data) != items:
         raise _Failure("parse", f"{len(data)} embeddings for {items} inputs")
     seen: set[int] = set()
+    vectors: list[tuple[int, list[Any]]] = []
     for position, item in enumerate(data):
         index = item.get("index", position) if isinstance(item, dict) else None
         vector = item.get("embedding") if isinstance(item, dict) else None
@@ -227,11 +228,36 @@ def check_embeddings(answer: Any, items: int, dimension: int | None) -> int:
             dimension = len(vector)
         if len(vector) != dimension:
             raise _Failure("parse", f"embedding {position} has dimension {len(vector)}, not the run's {dimension}")
-        bad = next((x for x in vector if not _is_number(x)), _ALL_FINITE)
-        if bad is not _ALL_FINITE:
+        if not _all_finite(vector):
+            bad = next((x for x in vector if not _is_number(x)), _ALL_FINITE)
             raise _Failure("parse", f"embedding {position} holds {bad!r}, not a finite number")
+        if not any(vector):
+            raise _Failure("parse", f"embedding {position} is all zeros: no vector describes its input")
+        vectors.append((position, vector))
+    _refuse_identical(vectors)
     assert dimension is not None
     return dimension
+
+
+def _all_finite(vector: list[Any]) -> bool:
+    """Every item a finite number, at C speed (a 64x4096 answer in a few ms, not tens): a string or None in it
+    raises TypeError, which is a no. JSON's true and false pass (Python's bools are ints)."""
+    try:
+        return all(map(math.isfinite, vector))
+    except TypeError:
+        return False
+
+
+def _refuse_identical(vectors: list[tuple[int, list[Any]]]) -> None:
+    """Different inputs (the workload's texts always differ) must not share a bit-identical vector: a server that
+    answers every input with one vector (a cache, a broken pooling) is wrong. Compared by a cheap key first."""
+    by_key: dict[tuple[Any, ...], list[tuple[int, list[Any]]]] = {}
+    for position, vector in vectors:
+        key = (vector[0], vector[len(vector) // 2], vector[-1])
+        for other, seen in by_key.get(key, ()):
+            if seen == vector:
+                raise _Failure("parse", f"embeddings {other} and {position} are identical for different inputs")
+        by_key.setdefault(key, []).append((position, vector))
 
 
 def check_scores(answer: Any, documents: int) -> None:
