@@ -282,6 +282,10 @@ def test_an_answer_without_usage_leaves_input_tokens_per_second_not_measured():
         result = run(url, EmbeddingsWorkload(batch=1), [], single_requests=2, warmup=0)
     fig = result.levels[0].figures["input_tok_s"]
     assert fig.value is None and fig.note == "not measured: 2 of 2 requests in the window gave no usage.prompt_tokens"
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    render_levels(console, result, gpu=False)
+    assert "  single input tok/s: not measured: 2 of 2 requests in the window gave no usage.prompt_tokens" in \
+        console.file.getvalue().splitlines()  # the reason reaches the terminal, not only the "–"
 
 
 def test_a_server_without_embeddings_is_refused_before_anything_is_timed():

@@ -67,6 +67,23 @@ def is_unary(result: BenchResult) -> bool:
     return result.workload.get("stream") is False
 
 
+def render_unmeasured(console: Console, levels: list[Summary], figure_columns: list[tuple[str, TerminalColumn]]
+                      ) -> None:
+    """Why a column of a measured level shows "–" (input tok/s without the server's usage), as its figure's note
+    says: a level that was not measured at all says why on its own line."""
+    from servelab.bench.steady import is_measured
+
+    for s in levels:
+        if not is_measured(s):
+            continue
+        for key, column in figure_columns:
+            fig = s.figures.get(key)
+            if fig is not None and fig.value is None and fig.note:
+                note = fig.note.removeprefix("not measured: ")
+                header = " ".join(column.header.split())
+                console.print(Text(f"  {s.tag} {header}: not measured: {inert(note)}", style="dim"))
+
+
 def figure_cell(fig: Figure | None, column: TerminalColumn) -> str:
     """A figure's value, or one statistic of its distribution, as its column shows it ("–" when it has none)."""
     if fig is None:
@@ -86,6 +103,8 @@ def render_levels(console: Console, result: BenchResult, gpu: bool = True) -> No
         rows.append([level_cell(s), sent_cell(s)]
                     + [figure_cell(s.figures.get(key), column) for key, column in figure_columns])
     print_table(console, inert(f"{result.mode} bench {result.url} (model {result.model})"), columns, rows)
+    if is_unary(result):
+        render_unmeasured(console, result.levels, figure_columns)
     for warning in result.warnings:
         console.print(Text(f"  warning: {inert(warning)}", style="yellow"))
     render_spec_decode(console, result.levels)
