@@ -175,8 +175,10 @@ def rerank_app(path: str, shape: str) -> web.Application:
         query, documents = (body["text_1"], body["text_2"]) if shape == "score" else (body["query"],
                                                                                      body["documents"])
         answer = rerank_body(query, documents)
-        if shape == "sglang":
-            return web.json_response([{"index": r["index"], "score": r["relevance_score"], "document": ""}
+        if shape == "sglang":  # with each pair's tokens in meta_info (serving_rerank.py), no top-level usage
+            pair = answer["usage"]["prompt_tokens"] // len(documents)
+            return web.json_response([{"index": r["index"], "score": r["relevance_score"], "document": "",
+                                       "meta_info": {"id": f"rerank-{r['index']}", "prompt_tokens": pair}}
                                       for r in answer["results"]])
         if shape == "score":
             return web.json_response({"data": [{"index": r["index"], "score": r["relevance_score"]}
@@ -204,6 +206,10 @@ def test_rerank_finds_the_engine_s_path_and_checks_one_score_per_document(path, 
     assert all(r.ok and r.items == 5 and r.endpoint == path for r in measured), [r.error_detail for r in measured]
     (level,) = result.levels
     check_level_against_records(level, measured)
+    # SGLang's count too (its results' meta_info summed): every request the same tokens, so input tok/s is that
+    # many times requests/s
+    (tokens,) = {r.usage.prompt_tokens if r.usage else None for r in measured}
+    assert tokens and level.figures["input_tok_s"].value == pytest.approx(tokens * level.figures["request_s"].value)
 
 
 def _plan(**fields):

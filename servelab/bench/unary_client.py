@@ -289,6 +289,10 @@ def check_scores(answer: Any, documents: int) -> None:
 
 
 def read_usage(answer: Any) -> Usage | None:
+    """The answer's `usage`; for SGLang's rerank list, which has none, its results' `meta_info.prompt_tokens`
+    summed (each the tokens of one query-document pair the engine scored), when every result has one."""
+    if isinstance(answer, list):
+        return _sglang_rerank_usage(answer)
     usage = answer.get("usage") if isinstance(answer, dict) else None
     if not isinstance(usage, dict):
         return None
@@ -304,6 +308,19 @@ def read_usage(answer: Any) -> Usage | None:
                                     f"not used")
         counts[name] = value
     return Usage(prompt_tokens=counts["prompt_tokens"], total_tokens=counts["total_tokens"])
+
+
+def _sglang_rerank_usage(results: list[Any]) -> Usage | None:
+    counts = [r.get("meta_info", {}).get("prompt_tokens") if isinstance(r, dict)
+              and isinstance(r.get("meta_info"), dict) else None for r in results]
+    if not counts or any(c is None for c in counts):
+        return None
+    if any(not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= MAX_PLAUSIBLE_TOKENS for c in counts):
+        bad = next(c for c in counts if not isinstance(c, int) or isinstance(c, bool)
+                   or not 0 <= c <= MAX_PLAUSIBLE_TOKENS)
+        raise _Failure("parse", f"the server's meta_info.prompt_tokens ({repr(bad)[:40]}) is not a plausible token "
+                                f"count; it was not used")
+    return Usage(prompt_tokens=sum(counts), total_tokens=None)
 
 
 def _is_index(value: Any, n: int) -> bool:
