@@ -72,7 +72,8 @@ def test_a_system_prompt_goes_apart_on_messages_and_in_the_input_list_on_respons
     messages = build_body("m", MESSAGES, conversation, OutputSpec())
     assert messages["system"] == "Be brief." and messages["messages"] == conversation[1:]
     responses = build_body("m", RESPONSES, conversation, OutputSpec())
-    assert responses["input"] == conversation
+    # each item typed, as llama.cpp needs for an assistant turn (untyped: HTTP 400 "Cannot determine type of 'item'")
+    assert responses["input"] == [{"type": "message", **m} for m in conversation]
 
 
 def test_the_cli_takes_responses_and_messages_and_refuses_others_in_one_line():

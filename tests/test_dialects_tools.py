@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from dialects_replay import Replay, typed
 from endpoints_fake import message_events, response_events
 from test_dialects import FIXTURES, send
 from test_records_file import CountingTokenizer
 
-from servelab.bench.client import ClientOptions, Deadlines
+from servelab.bench.client import ClientOptions, Deadlines, RequestSpec, StreamClient
 from servelab.bench.metrics import NS_PER_S, token_accounting_warnings
 from servelab.bench.request_figures import ttft_ns
 from servelab.bench.tokens import recount_with_tokenizer
@@ -152,3 +153,18 @@ def test_the_real_llama_cpp_responses_tool_stream_is_counted_per_event_to_its_us
     assert record.count_method == "server_per_chunk"
     assert record.output_tokens == record.usage.completion_tokens == 20 and record.text == ""
     assert token_accounting_warnings([record]) == []
+
+
+@pytest.mark.engine
+def test_a_conversation_with_an_assistant_turn_streams_from_llama_cpps_responses(embedded_server):
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Say bye."}]
+    body = build_body(embedded_server["model"], RESPONSES, conversation, OutputSpec(max_tokens=6))
+
+    async def go():
+        async with StreamClient(embedded_server["url"], ClientOptions(deadlines=Deadlines(total_s=60))) as client:
+            return await client.send(RequestSpec(endpoint=RESPONSES, body=body))
+
+    record = asyncio.run(go())
+    assert record.ok, record.error_detail  # untyped input items: HTTP 400 "Cannot determine type of 'item'"
+    assert record.text and record.usage.completion_tokens > 0

@@ -110,10 +110,12 @@ def _failure(obj: dict[str, Any], kind: str) -> ChunkView:
 
 def input_fields(messages: list[dict[str, Any]]) -> dict[str, Any]:
     """A single user message goes as the plain `input` string (what llama.cpp and vLLM render exactly as the chat
-    endpoint's one user message); anything longer as the input message list, roles as they are."""
+    endpoint's one user message); anything longer as the input message list, roles as they are, each item typed
+    `message` (OpenAI's EasyInputMessage): llama.cpp answers an untyped assistant item with HTTP 400 "Cannot
+    determine type of 'item'" (measured), so a conversation's later turns need it."""
     if len(messages) == 1 and messages[0].get("role") == "user" and isinstance(messages[0].get("content"), str):
         return {"input": messages[0]["content"]}
-    return {"input": messages}
+    return {"input": [{"type": "message", **m} for m in messages]}
 
 RESPONSES = Dialect(name="responses", path="/v1/responses", read=read_event, merge_usage=None,
                     ends_with="response.completed", max_tokens_field="max_output_tokens", engine_fields=True,
