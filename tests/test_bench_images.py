@@ -23,7 +23,7 @@ from servelab.bench.options import BenchArgs, build_options
 from servelab.bench.runner import bench
 from servelab.bench.tally import LevelTally
 from servelab.bench.trials import pool_level
-from servelab.bench.workloads.images import SyntheticImages, image_size, parse_sizes, png_bytes
+from servelab.bench.workloads.images import ImageFiles, SyntheticImages, image_size, parse_sizes, png_bytes
 from servelab.errors import UserError
 from servelab.models import resolve_model
 from servelab.records import RequestRecord, TokenEvent, Usage
@@ -111,6 +111,21 @@ def test_every_image_size_is_built_in_prepare_not_in_the_send_path() -> None:
     workload = build_options(BenchArgs(images="1", image_size="64x32,16x16")).workload
     asyncio.run(workload.prepare(None))
     assert set(workload.images._fields) == {(64, 32), (16, 16)}  # the send path only reads what is there
+
+
+def test_file_urls_are_written_ahead_of_the_request_and_removed_when_the_bench_ends(tmp_path) -> None:
+    workload = build_options(BenchArgs(images="0,2", image_size="16x16", image_url="file",
+                                       image_dir=str(tmp_path))).workload
+    first = workload.request(1, "m")
+    urls = [p["image_url"]["url"] for p in first.body["messages"][-1]["content"][1:]]
+    assert len(urls) == 2 and all(u.startswith("file://servelab-") for u in urls)
+    workload.files._writer.shutdown(wait=True)  # let the writer finish what it has ahead
+    on_disk = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert {u.removeprefix("file://") for u in urls} <= set(on_disk)
+    assert len(on_disk) == 2 * (1 + ImageFiles.AHEAD // 2)  # this request's and the next ones', each only once
+    assert all(read_png_bytes(data)[:2] == (16, 16) for data in on_disk.values())
+    workload.close()
+    assert list(tmp_path.iterdir()) == []
 
 
 def read_png_bytes(data: bytes, tmp=Path(os.environ.get("TMPDIR", "/tmp"))):
@@ -210,9 +225,8 @@ def test_file_urls_name_images_in_the_servers_media_path(vision_server) -> None:
     result, records = _bench(vision_server["url"], requests=2, images="1", image_size="32x32", image_url="file",
                              image_dir=media)
     assert result.levels[0].ok == 2, result.levels[0].top_errors
-    written = sorted(media.glob("servelab-*.png"))
-    assert len(written) == 2 and all(image_size(p.read_bytes()) == (32, 32) for p in written)
-    assert records[0].usage.prompt_tokens > IMAGE_TOKENS
+    assert records[0].usage.prompt_tokens > IMAGE_TOKENS  # the server read the file
+    assert list(media.iterdir()) == []  # and the bench removed it: the directory does not grow run after run
 
 
 def test_a_datasets_lines_bring_their_own_images(vision_server, tmp_path) -> None:

@@ -322,3 +322,6 @@ def bench(url: str, options: BenchOptions, on_record: Callable[[RequestRecord], 
         recorder.flush()  # a record still waiting for its recount is written as counted, never lost
         if state.gpu is not None:
             state.gpu.close()  # the sampler stopped, a temporary series removed
+        close = getattr(options.workload, "close", None)
+        if close is not None:  # what the workload left for the server to read (image files) goes with the bench
+            close()

@@ -8,7 +8,8 @@ its figures split by them (bench/image_figures.py). A JSONL dataset line may nam
 
 Images go as content parts after the text, `{"type": "image_url", "image_url": {"url": ...}}`, the url a base64
 data URL (`data:image/png;base64,...`, the default) or a file URL (`--image-url file`: written to `--image-dir`,
-named `file://NAME` relative to it, as llama.cpp's `--media-path` wants; the server must see that directory).
+named `file://NAME` relative to it, as llama.cpp's `--media-path` wants; the server must see that directory). The
+files are written by a thread a few requests ahead of the sender and removed when the bench ends (ImageFiles).
 
 Every synthetic image is distinct (its pixels follow from the seed, the bench's series, the request number and
 the image's place), so neither a prefix cache nor an engine's cache of encoded images (vLLM keys its own by the
@@ -25,8 +26,10 @@ from __future__ import annotations
 import base64
 import dataclasses
 import random
+import secrets
 import struct
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,6 +198,48 @@ def data_url(data: bytes, mime: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
+class ImageFiles:
+    """The synthetic images of `--image-url file` as files in the server's media directory: written by one thread
+    (the sender's loop never waits on a disk), AHEAD requests ahead of the one being built, so a request's files are
+    usually there before it is sent; all of them removed when the bench ends (`close`), so a long run's directory
+    does not grow without bound. Each bench's files start with a prefix of its own (`prefix`)."""
+
+    AHEAD = 8  # requests whose files are written before they are built
+
+    def __init__(self, directory: Path, prefix: str):
+        self.directory, self.prefix = directory, prefix
+        self._writer: ThreadPoolExecutor | None = None
+        self._written: dict[str, Future[None] | None] = {}  # None: on disk already (no future kept per image)
+
+    def ahead(self, name: str, build: Any) -> None:
+        """Have the file `name` (bytes from `build()`) written, if it is not already."""
+        if name in self._written:
+            return
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="servelab-image-files")
+        self._written[name] = self._writer.submit(lambda: (self.directory / name).write_bytes(build()) and None)
+
+    def wait(self, name: str) -> None:
+        """Until `name` is on disk; an error writing it raises here, as a one-line UserError."""
+        written = self._written[name]
+        if written is None:
+            return
+        try:
+            written.result()
+        except OSError as exc:
+            raise UserError(f"--image-dir {self.directory}: cannot write {name}: {exc.strerror}") from None
+        self._written[name] = None
+
+    def close(self) -> None:
+        """Stop the writer and remove every file this bench wrote."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True, cancel_futures=True)
+            self._writer = None
+        for name in self._written:
+            (self.directory / name).unlink(missing_ok=True)
+        self._written.clear()
+
+
 @dataclass
 class DatasetImage:
     url: str
@@ -234,6 +279,8 @@ class ImageWorkload:
         if self.series and any(f.name == "series" for f in dataclasses.fields(self.inner)):
             self.inner = dataclasses.replace(self.inner, series=self.series)
         self.images = SyntheticImages(f"{self.seed}:{self.series}")
+        self.files = ImageFiles(self.image_dir, f"servelab-{secrets.token_hex(4)}-") \
+            if self.transport == "file" and self.image_dir is not None else None
 
     @property
     def endpoint(self) -> str:
@@ -278,8 +325,7 @@ class ImageWorkload:
             urls, pixels = self._dataset_parts(index)
         else:
             count, (w, h) = self.shape(index)
-            which = f"{'w' if warmup else ''}{index}"
-            urls = [self._synthetic_url(w, h, f"{which}-{k}") for k in range(count)]
+            urls = [self._synthetic_url(index, warmup, k) for k in range(count)]
             pixels = w * h * count
         if not urls:
             spec.images, spec.image_pixels = 0, 0
@@ -294,15 +340,39 @@ class ImageWorkload:
         spec.input_tokens = None  # counted for the text alone: the server's count includes the images' tokens
         return spec
 
-    def _synthetic_url(self, width: int, height: int, name: str) -> str:
-        if self.transport == "data":
-            return self.images.data_url(width, height, name)
-        png = self.images.png(width, height, name)
-        file_name = f"servelab-{self.seed}-{self.series or 'x'}-{name}-{width}x{height}.png"
-        target = self.image_dir / file_name  # type: ignore[operator]
-        if not target.exists():
-            target.write_bytes(png)
+    def _synthetic_url(self, index: int, warmup: bool, k: int) -> str:
+        """Image k of request `index`: a data URL, or a file URL whose file (and the next requests') the writer
+        thread has on disk by the time it returns."""
+        if self.files is None:
+            _, (width, height) = self.shape(index)
+            return self.images.data_url(width, height, self._name(index, warmup, k))
+        for ahead in range(index, index + ImageFiles.AHEAD + 1):
+            count, _ = self.shape(ahead)
+            for j in range(count):
+                self._file_ahead(ahead, warmup, j)
+        file_name = self._file_name(index, warmup, k)
+        self.files.wait(file_name)
         return f"file://{file_name}"
+
+    @staticmethod
+    def _name(index: int, warmup: bool, k: int) -> str:
+        return f"{'w' if warmup else ''}{index}-{k}"
+
+    def _file_name(self, index: int, warmup: bool, k: int) -> str:
+        _, (width, height) = self.shape(index)
+        assert self.files is not None
+        return f"{self.files.prefix}{self._name(index, warmup, k)}-{width}x{height}.png"
+
+    def _file_ahead(self, index: int, warmup: bool, k: int) -> None:
+        _, (width, height) = self.shape(index)
+        name = self._name(index, warmup, k)
+        assert self.files is not None
+        self.files.ahead(self._file_name(index, warmup, k), lambda: self.images.png(width, height, name))
+
+    def close(self) -> None:
+        """The bench is over: remove the image files it wrote (--image-url file)."""
+        if self.files is not None:
+            self.files.close()
 
     def _dataset_parts(self, index: int) -> tuple[list[str], int | None]:
         item = self.inner.item(index)
