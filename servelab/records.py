@@ -121,6 +121,7 @@ class RequestRecord(BaseModel):
     # Chat with images (bench/workloads/images.py): the images the request carried and their pixels, summed
     # (width x height of each as sent); None for requests without images (docs/metrics.md#images).
     images: int | None = None
+    image_sizes: str | None = None  # each image's "WxH" as sent, comma-separated ("?": a size not read)
     image_pixels: int | None = None
     # A non-streamed request (embeddings, rerank; `stream` false): the inputs or documents it carried, what its
     # items/s counts (docs/metrics.md#non-streamed). None for streamed requests.
@@ -427,6 +428,8 @@ class ImageGroupFigures(BaseModel):
     images: int  # images per request (0: the level's requests without images)
     megapixels: float | None = None  # pixels per request, summed over its images, in millions (None: unknown)
     requests: int  # successful requests of this group
+    sizes: str | None = None  # each image's "WxH", comma-separated (None: grouped by image count alone)
+    failed: int = 0  # requests of this group that failed (not cancelled ones): none of the figures above count them
     ttft_ms: Distribution | None = None
     prompt_tokens_mean: float | None = None  # the server's usage.prompt_tokens, over requests that reported it
 

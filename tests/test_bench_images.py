@@ -176,6 +176,31 @@ def test_image_figures_split_by_count_and_size_and_are_absent_without_images() -
     assert "ttft_text_ms" not in only_images
 
 
+def test_image_groups_keep_sizes_of_equal_pixels_apart_and_count_failed_requests() -> None:
+    wide, tall = 1024 * 768, 768 * 1024
+    rows = [ImageRow(1, wide, 40.0, 300, "1024x768"), ImageRow(1, tall, 60.0, 320, "768x1024"),
+            ImageRow(1, tall, 62.0, 320, "768x1024"), ImageRow(1, wide, None, None, "1024x768", ok=False),
+            ImageRow(0, 0, 10.0, 30, "")]
+    figures, groups = image_figures(rows)
+    assert [(g.images, g.sizes, g.requests, g.failed, g.prompt_tokens_mean) for g in groups] == [
+        (0, "", 1, 0, 30.0), (1, "1024x768", 1, 1, 300.0), (1, "768x1024", 2, 0, 320.0)]
+    assert groups[2].ttft_ms.p50 == 61.0 and groups[1].megapixels == pytest.approx(0.786432)
+    assert figures["images_per_request"].dist.n == 4  # the figures are over successful requests only
+    console = Console(record=True, width=140, color_system=None)
+    render_images(console, [summary_with(groups)])
+    lines = console.export_text().splitlines()
+    row = next(line for line in lines if "1024x768" in line).split("│")
+    assert [cell.strip() for cell in row[1:6]] == ["1", "1024x768", "0.786", "1", "1"]  # images, sizes, MP, ok, failed
+    assert any("768x1024" in line for line in lines)
+
+
+def summary_with(groups):
+    from servelab.records import Summary
+
+    return Summary(tag="c1", mode="concurrency", concurrency=1, window_s=1.0, requests=5, ok=4, failed=1,
+                   images=groups)
+
+
 # ---- against the real vision server ------------------------------------------------------------------------------
 
 
@@ -198,8 +223,9 @@ def test_bench_sends_images_and_the_servers_prompt_grows_by_one_images_tokens_pe
     wrapper = sum(len(_tokenize(vision_server["url"], t)) for t in ("<start_of_image>", "<end_of_image>"))
     assert one - text == two - one == IMAGE_TOKENS + wrapper, (text, one, two, wrapper)
     # figures: groups by count and pixels, their prompt tokens the records' own
-    assert [(g.images, g.megapixels, g.requests) for g in level.images] == [
-        (0, 0.0, 2), (1, 0.003072, 1), (1, 0.050176, 1), (2, 0.006144, 1), (2, 0.100352, 1)]
+    assert [(g.images, g.sizes, g.megapixels, g.requests, g.failed) for g in level.images] == [
+        (0, "", 0.0, 2, 0), (1, "64x48", 0.003072, 1, 0), (1, "224x224", 0.050176, 1, 0),
+        (2, "64x48,64x48", 0.006144, 1, 0), (2, "224x224,224x224", 0.100352, 1, 0)]
     assert [g.prompt_tokens_mean for g in level.images] == [text, one, one, two, two]
     assert level.figures["images_per_request"].value == 1.0
     assert level.figures["ttft_image_ms"].dist.n == 4 and level.figures["ttft_text_ms"].dist.n == 2
@@ -207,7 +233,7 @@ def test_bench_sends_images_and_the_servers_prompt_grows_by_one_images_tokens_pe
     console = Console(record=True, width=120)
     render_images(console, result.levels)
     table = console.export_text()
-    assert "single: by image count and size" in table and f"│ 2      │   0.100 │  1 │ {two:>6} │" in table
+    assert "single: by image count and size" in table and f"│ 2      │ 2 × 224x224 │   0.100 │  1 │      0 │ {two:>6} │" in table
 
 
 def test_a_text_bench_has_no_image_figures(vision_server) -> None:

@@ -81,6 +81,7 @@ class RequestSpec:
     turn: int | None = None
     images: int | None = None  # chat with images: how many the request carries and their pixels, summed
     image_pixels: int | None = None
+    image_sizes: str | None = None  # each image's "WxH", comma-separated ("?" where unknown)
     # A non-streamed request (embeddings, rerank): what a right answer holds, e.g. {"kind": "embeddings",
     # "items": 4, "dimension": 576}; bench/unary_client.py sends it and checks the answer. None: a stream.
     expect: dict[str, Any] | None = None
@@ -343,6 +344,7 @@ class StreamClient:
                                input_tokens=spec.input_tokens, max_tokens=body.get(dialect.max_tokens_field),
                                sampling=sampling, scheduled_ns=scheduled_ns, conversation=spec.conversation,
                                turn=spec.turn, images=spec.images, image_pixels=spec.image_pixels,
+                               image_sizes=spec.image_sizes,
                                t_send_ns=time.perf_counter_ns())
         state = _StreamState(record.max_tokens if isinstance(record.max_tokens, int) else None, dialect)
         key = id(record)

@@ -183,6 +183,8 @@ class LevelTally:
         if status == 1:
             self.errors[r.error_kind or "unknown"] += 1
             self._group_error(r)
+            if r.images is not None:  # counted per image group as failed (image_figures.py)
+                self.image_rows.append(image_row(r, None))
             return
         if status == 2:
             return

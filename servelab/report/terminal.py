@@ -413,12 +413,21 @@ def render_images(console: Console, levels: list[Summary]) -> None:
     for s in levels:
         if not s.images:
             continue
-        rows = [[str(g.images), fmt(g.megapixels, 3), str(g.requests), fmt(g.prompt_tokens_mean, 0),
-                 fmt(g.ttft_ms.p50 if g.ttft_ms else None, 0), fmt(g.ttft_ms.p99 if g.ttft_ms else None, 0)]
+        rows = [[str(g.images), inert(_sizes_cell(g.sizes)), fmt(g.megapixels, 3), str(g.requests), str(g.failed),
+                 fmt(g.prompt_tokens_mean, 0), fmt(g.ttft_ms.p50 if g.ttft_ms else None, 0),
+                 fmt(g.ttft_ms.p99 if g.ttft_ms else None, 0)]
                 for g in s.images]
         print_table(console, f"{s.tag}: by image count and size",
-                    [key_col("images"), Col("MP per\nrequest"), Col("ok"), Col("prompt\ntokens"),
-                     Col("TTFT\nms p50"), Col("TTFT\nms p99")], rows)
+                    [key_col("images"), Col("sizes"), Col("MP per\nrequest"), Col("ok"), Col("failed"),
+                     Col("prompt\ntokens"), Col("TTFT\nms p50"), Col("TTFT\nms p99")], rows)
+
+
+def _sizes_cell(sizes: str | None) -> str:
+    """ "1024x768,1024x768" as "2 × 1024x768"; "–" without images or for groups by count alone."""
+    if not sizes:
+        return "–"
+    each = sizes.split(",")
+    return f"{len(each)} × {each[0]}" if len(set(each)) == 1 and len(each) > 1 else ", ".join(each)
 
 
 def _value(figures: dict[str, Figure], key: str) -> float | None:

@@ -244,6 +244,7 @@ class ImageFiles:
 class DatasetImage:
     url: str
     pixels: int | None  # None: a format whose header servelab does not read
+    size: str | None = None  # "WxH", when the header was read
 
 
 @dataclass
@@ -310,7 +311,8 @@ class ImageWorkload:
                                     f"{MAX_DATASET_IMAGE_BYTES >> 30} GiB together: more than servelab holds")
                 size = image_size(data)
                 mime = _MIME.get(Path(path).suffix.lower(), "application/octet-stream")
-                self._dataset_images[path] = DatasetImage(data_url(data, mime), size[0] * size[1] if size else None)
+                self._dataset_images[path] = DatasetImage(data_url(data, mime), size[0] * size[1] if size else None,
+                                                          f"{size[0]}x{size[1]}" if size else None)
 
     def shape(self, index: int) -> tuple[int, tuple[int, int]]:
         """(images, (width, height)) of synthetic request `index`: every count with the first size, then with the
@@ -322,13 +324,13 @@ class ImageWorkload:
         spec = self.inner.request(index, model, tag=tag, warmup=warmup, accepts_ignore_eos=accepts_ignore_eos,
                                   accepts_min_tokens=accepts_min_tokens)
         if self.from_dataset:
-            urls, pixels = self._dataset_parts(index)
+            urls, pixels, sizes = self._dataset_parts(index)
         else:
             count, (w, h) = self.shape(index)
             urls = [self._synthetic_url(index, warmup, k) for k in range(count)]
-            pixels = w * h * count
+            pixels, sizes = w * h * count, ",".join([f"{w}x{h}"] * count)
         if not urls:
-            spec.images, spec.image_pixels = 0, 0
+            spec.images, spec.image_pixels, spec.image_sizes = 0, 0, ""
             return spec
         messages = spec.body["messages"]
         last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
@@ -336,7 +338,7 @@ class ImageWorkload:
         parts = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
         parts += [{"type": "image_url", "image_url": {"url": url}} for url in urls]
         spec.body["messages"] = [*messages[:last], {**messages[last], "content": parts}, *messages[last + 1:]]
-        spec.images, spec.image_pixels = len(urls), pixels
+        spec.images, spec.image_pixels, spec.image_sizes = len(urls), pixels, sizes
         spec.input_tokens = None  # counted for the text alone: the server's count includes the images' tokens
         return spec
 
@@ -374,11 +376,11 @@ class ImageWorkload:
         if self.files is not None:
             self.files.close()
 
-    def _dataset_parts(self, index: int) -> tuple[list[str], int | None]:
+    def _dataset_parts(self, index: int) -> tuple[list[str], int | None, str]:
         item = self.inner.item(index)
         images = [self._dataset_images[p] for p in item.images or ()]
         pixels = None if any(i.pixels is None for i in images) else sum(i.pixels for i in images)  # type: ignore
-        return [i.url for i in images], pixels
+        return [i.url for i in images], pixels, ",".join(i.size or "?" for i in images)
 
     def describe(self, accepts_ignore_eos: bool, accepts_min_tokens: bool = False) -> dict[str, Any]:
         d = {"kind": self.kind, "text": self.inner.describe(accepts_ignore_eos, accepts_min_tokens),
