@@ -153,6 +153,12 @@ def follow(
     out = sys.stdout.buffer
     alive = job_dir / "controller.alive"
     _touch(alive)  # the controller has just connected
+    try:  # the job's policy, for a controller that did not start it (`attach`); not a line of the file
+        job = json.loads((job_dir / "job.json").read_text())
+        out.write((encode("job", on_disconnect=job.get("on_disconnect"), grace_s=job.get("grace_s")) + "\n").encode())
+        out.flush()
+    except (OSError, ValueError):
+        pass
 
     def relay_stdin() -> None:
         """The controller's lines: "alive" twice a second, "stop" per Ctrl-C. Only they keep the controller alive,

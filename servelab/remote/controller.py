@@ -17,11 +17,12 @@ import shutil
 import signal
 import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from servelab import __version__
@@ -31,6 +32,7 @@ from servelab.remote.connection import NOT_FOUND, SSH_FAILED, SshConnection
 from servelab.remote.protocol import BEAT_S, compatibility, decode
 
 SILENT_LIMIT_S = 4 * BEAT_S  # a follower that sent nothing, not even a beat, for this long is on a dead link
+FIRST_LINE_S = 60.0  # … but its first line may wait for a slow start there (an interpreter importing from NFS)
 RECONNECT_EVERY_S = 1.0
 FETCH_TRIES = 3  # copies of the results begun again after a dropped connection, at most
 ALIVE_EVERY_S = 0.5  # how often the follower there hears that this side is still here: well within any grace
@@ -64,7 +66,7 @@ def hello(conn: SshConnection, options: RemoteOptions, warn: Callable[[str], Non
                         f"{_last(done.stderr) or f'exit status {done.returncode}'}",
                         hint="it may predate remote hosts: upgrade servelab there")
     try:
-        info = json.loads(done.stdout)
+        info = _last_json(done.stdout)
     except ValueError:
         info = None
     if not isinstance(info, dict):
@@ -75,6 +77,15 @@ def hello(conn: SshConnection, options: RemoteOptions, warn: Callable[[str], Non
     if message:
         warn(message)
     return info
+
+
+def _last_json(stdout: bytes):
+    """The JSON document on the last line that holds one: a login shell's rc files may print before the
+    command does. Raises ValueError when there is none."""
+    lines = [line for line in stdout.splitlines() if line.strip().startswith(b"{")]
+    if not lines:
+        raise ValueError("no JSON line")
+    return json.loads(lines[-1])
 
 
 def _last(data: bytes) -> str:
@@ -90,6 +101,8 @@ class RemoteJob:
     pid: int
     offset: int = 0  # bytes of events.jsonl already received
     stop_requested: int = 0
+    last_heard: float = field(default_factory=time.monotonic)  # when any follower last sent a line
+    reconnects: int = 0
     exit_code: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -114,7 +127,7 @@ class RemoteJob:
             raise UserError(f"could not start servelab on {conn.target}: "
                             f"{_last(done.stderr).removeprefix('error: ') or f'exit status {done.returncode}'}")
         try:
-            info = json.loads(done.stdout)
+            info = _last_json(done.stdout)
             return cls(conn=conn, options=options, dir=str(info["dir"]), pid=int(info["pid"]))
         except (ValueError, KeyError, TypeError):
             raise UserError(f"servelab on {conn.target} answered `remote start` with {done.stdout[:200]!r}") \
@@ -136,6 +149,12 @@ class RemoteJob:
                 if outcome.startswith("lost:"):
                     raise UserError(f"on {self.conn.target}: {outcome[5:]}",
                                     hint=f"what it wrote is in {self.dir} there")
+                if time.monotonic() - self.last_heard > self.options.grace_s + FIRST_LINE_S:
+                    # connections that come back but never carry a line: as gone as one that never comes back
+                    raise UserError(f"nothing came from {self.conn.target} for "
+                                    f"{time.monotonic() - self.last_heard:.0f} s over {self.reconnects} "
+                                    f"reconnections: {self._fate()}")
+                self.reconnects += 1
                 self._reconnect(on_note)
 
     @contextlib.contextmanager
@@ -179,6 +198,7 @@ class RemoteJob:
         if stops_sent:
             self._send_stop(proc)
         last_heard = time.monotonic()
+        heard = False
         last_said = 0.0
         try:
             while True:
@@ -191,7 +211,7 @@ class RemoteJob:
                 try:
                     raw = lines.get(timeout=0.2)
                 except queue.Empty:
-                    if time.monotonic() - last_heard > SILENT_LIMIT_S:
+                    if time.monotonic() - last_heard > (SILENT_LIMIT_S if heard else FIRST_LINE_S):
                         return "dropped"
                     continue
                 except KeyboardInterrupt:  # where interrupts are not counted (_interrupts_counted): sent above
@@ -204,13 +224,18 @@ class RemoteJob:
                     stderr = _last(proc.stderr.read() if proc.stderr else b"")
                     why = stderr.removeprefix('error: ') or 'the follower ended without the exit line'
                     return f"{'nojob' if proc.returncode == NO_JOB else 'lost'}:{why}"
-                last_heard = time.monotonic()
+                last_heard = self.last_heard = time.monotonic()
+                heard = True
                 event = decode(raw)
                 if event is None:  # still a line of the file (one a full disk tore): counted, so a resume is exact
                     self.offset += len(raw)
                     continue
                 kind = event["k"]
                 if kind == "beat":
+                    continue
+                if kind == "job":  # the job's own policy: `attach` does not know it otherwise
+                    self.options.on_disconnect = str(event.get("on_disconnect", self.options.on_disconnect))
+                    self.options.grace_s = float(event.get("grace_s", self.options.grace_s))
                     continue
                 if kind == "lost":
                     proc.wait()
@@ -257,10 +282,13 @@ class RemoteJob:
                         f"again")
                 return
             time.sleep(RECONNECT_EVERY_S)
-        fate = ("it has stopped the engine there, as --on-disconnect stop says" if self.options.on_disconnect == "stop"
-                else f"the engine keeps running there (--on-disconnect keep): `servelab attach "
-                     f"{self.conn.target} {self.dir}` follows it again")
-        raise UserError(f"lost {self.conn.target} for {self.options.grace_s:g} s: {fate}")
+        raise UserError(f"lost {self.conn.target} for {self.options.grace_s:g} s: {self._fate()}")
+
+    def _fate(self) -> str:
+        if self.options.on_disconnect == "stop":
+            return "it has stopped the engine there, as --on-disconnect stop says"
+        return (f"the engine keeps running there (--on-disconnect keep): `servelab attach {self.conn.target} "
+                f"{self.dir}` follows it again")
 
     def fetch(self, path: str, into: Path, on_note: Callable[[str], None] | None = None) -> list[str]:
         """Copy DIR/path into `into`, checked against the far side's manifest before anything is kept; the files
@@ -271,15 +299,21 @@ class RemoteJob:
             try:
                 return self._fetch_once(path, into)
             except UserError:
-                if self.conn.master_alive or tries == FETCH_TRIES:
+                if tries == FETCH_TRIES or self._link_up():
                     raise  # with the link up, the copy itself is wrong (it does not match): never used
             tries += 1
             self._reconnect(on_note or (lambda _text: None))
 
+    def _link_up(self) -> bool:
+        """Whether the connection still stands, asked a moment after a copy broke off: the master notices a
+        dropped link a little after the copy's own stream does."""
+        time.sleep(0.5)
+        return self.conn.master_alive and self.conn.check()
+
     def _fetch_once(self, path: str, into: Path) -> list[str]:
-        staging = into.parent / f".{into.name}.incoming"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        into.parent.mkdir(parents=True, exist_ok=True)
+        # a directory of this copy's own: two `bench --on` into one --out must not share (and remove) one
+        staging = Path(tempfile.mkdtemp(prefix=f".{into.name}.incoming-", dir=into.parent))
         try:
             proc = self.conn.popen(self.remote("pack", self.dir, path))
             assert proc.stdin is not None and proc.stdout is not None
@@ -316,10 +350,23 @@ def _untar(stream, into: Path) -> list[str]:
 
 
 def _check_manifest(staging: Path, names: list[str], target) -> list[str]:
+    """The files of a whole, untampered copy: the manifest names exactly the files the tar held (plain relative
+    paths), each of its size and SHA-256."""
     try:
         manifest = json.loads((staging / MANIFEST).read_text())
     except (OSError, ValueError):
         raise UserError(f"the copy from {target} has no manifest: it broke off before its end") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"the copy from {target} has a manifest that is not one: not used")
+    for name in manifest:
+        parts = PurePosixPath(name).parts
+        if not parts or PurePosixPath(name).is_absolute() or ".." in parts or name != PurePosixPath(name).as_posix():
+            raise UserError(f"the copy from {target} names a file outside its directory ({name!r}): not used")
+    held = set(names) - {MANIFEST}
+    if held != set(manifest):
+        extra = sorted(held ^ set(manifest))[:3]
+        raise UserError(f"the copy from {target} and its manifest disagree on which files it holds ({extra}): "
+                        f"not used")
     for name, want in manifest.items():
         path = staging / name
         if not path.is_file():

@@ -10,7 +10,8 @@ resumes exactly where a dropped connection left off), each with a kind `k`:
     {"k": "launch", "e": "ended", "engine": {…} | null}
     {"k": "exit", "code": N}                    the command ended with exit status N: always the last line
 
-`follow` adds lines of its own that are not in the file: {"k": "beat"} every BEAT_S (a connection that carries
+`follow` adds lines of its own that are not in the file: {"k": "job", "on_disconnect": …, "grace_s": …} first (the
+job's policy, for a controller that did not start it), {"k": "beat"} every BEAT_S (a connection that carries
 nothing for longer is dead), {"k": "lost", "why": "…"} when the far side's worker ended without its exit line.
 
 The other way, on `follow`'s stdin, the controller writes a line "alive" twice a second (only these keep the
