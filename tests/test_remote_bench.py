@@ -85,6 +85,9 @@ def test_the_run_comes_back_into_the_local_out_and_store_after_a_drop_mid_bench(
     assert shown.returncode == 0, shown.stderr
     doc = json.loads(shown.stdout)
     assert doc["provenance"]["ran_on"] == host.url
+    human = subprocess.run([*SERVELAB, "show", run_id, "--out", str(local)], capture_output=True, text=True,
+                           timeout=60)
+    assert f"ran on: {host.url} ({doc['provenance']['host']['hostname']})" in human.stdout, human.stdout
     ((sent, ok),) = [(level["requests"], level["ok"]) for level in doc["sweep"]["levels"]]
     assert sent == ok > 3
     from servelab.store.rundir import iter_records, records_file

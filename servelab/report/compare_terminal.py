@@ -169,3 +169,6 @@ def render_show(console: Console, run) -> None:
                                  f"model: {prov.model_path or prov.model}")))
         if prov.command:
             console.print(Text(f"command: {inert(' '.join(prov.command))}", style="dim"))
+        if prov.ran_on:  # run there by `--on` or an experiment cell's `on:`, and copied back
+            where = f" ({prov.host.hostname})" if prov.host is not None else ""
+            console.print(Text(inert(f"ran on: {prov.ran_on}{where}")))
