@@ -46,7 +46,7 @@ def records(trial: int, n: int = 12) -> list[RequestRecord]:
             scheduled_ns=send - MS, t_end_ns=events[-1].t_ns + MS, events=events, count_method="server_per_chunk",
             chunks=len(events), saw_done=True, ok=True, finish_reason="stop", input_tokens=100,
             conversation=i // 3, turn=i % 3 + 1, images=i % 3, image_pixels=i % 3 * 224 * 224,
-            tool_calls=[ToolCall(index=0, name="f", arguments="{}")] if i % 2 else [],
+            tool_calls=[ToolCall(index=0, name="f", arguments="{}")] if i % 2 else [], tools_declared=True,
             t_first_tool_ns=send + 25 * MS if i % 2 else None, t_tool_done_ns=send + 40 * MS if i % 2 else None,
             tool_calls_parse=True if i % 2 else None, tool_calls_valid=i % 4 == 1 if i % 2 else None,
             schema_valid=i % 3 == 0,
