@@ -171,8 +171,8 @@ def up(
 
         if on_disconnect not in ("stop", "keep"):
             raise UserError(f"unknown --on-disconnect '{on_disconnect}'", hint="use stop or keep")
-        if disconnect_grace <= 0:
-            raise UserError("--disconnect-grace must be positive")
+        if disconnect_grace < 1:  # the controller says it is alive twice a second: less would stop on a hiccup
+            raise UserError("--disconnect-grace must be at least 1 s")
         from servelab.report.live import launch_view
 
         raise typer.Exit(remote_up(on, _forwarded("up"),

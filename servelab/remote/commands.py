@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
+from servelab import interrupts
 from servelab.errors import UserError
 from servelab.remote.connection import SshConnection
 from servelab.remote.controller import RemoteJob, RemoteOptions, hello
@@ -119,6 +120,8 @@ def run_remote(on: str, argv: Sequence[str], options: RemoteOptions, console: Co
                     note(ready_note(target, engine.url))
 
         code = job.follow(on_event, note)
+        if code == 130 and interrupts.received() is not None:
+            code = interrupts.exit_code()  # SIGTERM or SIGHUP here: its own status, as a local run says it
         copied: list[str] = []
         if fetch is not None:
             copied = job.fetch(*fetch, on_note=note)
