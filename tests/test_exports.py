@@ -222,7 +222,7 @@ def test_record_and_level_columns_keep_their_order_and_append_the_new_ones() -> 
                                                         "turn", "images", "image_pixels", "tool_calls",
                                                         "tool_first_ms", "tool_call_ms", "tool_calls_parse",
                                                         "tool_calls_valid", "tool_problem", "schema_valid",
-                                                        "schema_problem", "stream", "items"]
+                                                        "schema_problem", "stream", "items", "image_sizes"]
     assert LEVEL_COLUMNS[:len(OLD_LEVEL_COLUMNS)] == OLD_LEVEL_COLUMNS
     assert LEVEL_COLUMNS[len(OLD_LEVEL_COLUMNS):] == (
         ["answer_tok_s", "reasoning_share", "cache_hit_ratio"]

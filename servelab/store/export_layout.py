@@ -33,6 +33,8 @@ RECORD_COLUMNS = [
     # non-streamed requests (embeddings, rerank; docs/metrics.md#non-streamed): stream false, and the inputs or
     # documents the request carried (empty for streams)
     "stream", "items",
+    # chat with images: each image's WxH as sent, comma-separated (after the other image columns were out)
+    "image_sizes",
 ]
 
 STATS = ["n", "mean", "min", "p50", "p90", "p95", "p99", "max"]
@@ -106,7 +108,7 @@ def record_row(r: RequestRecord) -> dict[str, Any]:
         "tool_first_ms": _ms(tool_first_ns(r)), "tool_call_ms": _ms(tool_call_ns(r)),
         "tool_calls_parse": r.tool_calls_parse, "tool_calls_valid": r.tool_calls_valid,
         "tool_problem": r.tool_problem, "schema_valid": r.schema_valid, "schema_problem": r.schema_problem,
-        "stream": r.stream, "items": r.items,
+        "stream": r.stream, "items": r.items, "image_sizes": r.image_sizes,
     }
 
 

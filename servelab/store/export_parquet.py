@@ -58,7 +58,7 @@ RECORD_TYPES: dict[str, str] = {
     "images": INT, "image_pixels": INT,
     "tool_calls": INT, "tool_first_ms": FLOAT, "tool_call_ms": FLOAT, "tool_calls_parse": BOOL,
     "tool_calls_valid": BOOL, "tool_problem": STR, "schema_valid": BOOL, "schema_problem": STR,
-    "stream": BOOL, "items": INT,
+    "stream": BOOL, "items": INT, "image_sizes": STR,
 }
 
 # (unit, anchor in docs/metrics.md or None) of the record columns that have a unit.
