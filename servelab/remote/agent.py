@@ -234,7 +234,8 @@ def _request_stop(job_dir: Path) -> None:
             os.kill(int((job_dir / "worker.pid").read_text()), signal.SIGINT)
 
 
-def _digest(path: Path) -> tuple[str, int]:
+def file_digest(path: Path) -> tuple[str, int]:
+    """(SHA-256 hex, size) of a file, read in blocks: the manifest's entry, written here and checked there."""
     h, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
@@ -259,7 +260,7 @@ def pack(
             name = file.relative_to(base).as_posix()
             if name.startswith("servelab.db"):  # the far side's own store: the near side keeps its own
                 continue
-            digest, size = _digest(file)  # read twice, never held whole: records can be large
+            digest, size = file_digest(file)  # read twice, never held whole: records can be large
             manifest[name] = {"size": size, "sha256": digest}
             info = tarfile.TarInfo(name)
             info.size, info.mtime, info.mode = size, int(file.stat().st_mtime), 0o644

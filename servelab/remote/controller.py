@@ -10,7 +10,6 @@ for the whole grace period does it give up, saying what became of the engine.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import queue
 import shutil
@@ -27,7 +26,7 @@ from typing import Any
 
 from servelab import __version__
 from servelab.errors import UserError
-from servelab.remote.agent import MANIFEST, NO_JOB
+from servelab.remote.agent import MANIFEST, NO_JOB, file_digest
 from servelab.remote.connection import NOT_FOUND, SSH_FAILED, SshConnection
 from servelab.remote.protocol import BEAT_S, compatibility, decode
 
@@ -371,10 +370,6 @@ def _check_manifest(staging: Path, names: list[str], target) -> list[str]:
         path = staging / name
         if not path.is_file():
             raise UserError(f"the copy from {target} lacks {name}: it broke off")
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-        if path.stat().st_size != want.get("size") or h.hexdigest() != want.get("sha256"):
+        if file_digest(path) != (want.get("sha256"), want.get("size")):
             raise UserError(f"{name} copied from {target} does not match its SHA-256: not used")
     return sorted(manifest)
