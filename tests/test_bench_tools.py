@@ -251,6 +251,7 @@ def stored_records(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.engine
+@pytest.mark.slow  # the real engine: the slow tier (CI runs it); the scripted streams above stay in the default suite
 def test_the_real_engine_streams_tool_calls_that_are_timed_in_order_and_judged_as_a_reparse_says(
         tools_engine, tmp_path) -> None:
     tool_file = tmp_path / "weather.json"
@@ -290,6 +291,7 @@ def test_the_real_engine_streams_tool_calls_that_are_timed_in_order_and_judged_a
 
 
 @pytest.mark.engine
+@pytest.mark.slow  # the real engine, as above
 def test_the_real_engine_answers_in_the_schema_and_the_share_is_what_jsonschema_says_of_the_stored_answers(
         tools_engine, tmp_path) -> None:
     schema = tmp_path / "person.json"

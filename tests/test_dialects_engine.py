@@ -17,7 +17,9 @@ from servelab.bench.workload import Workload
 from servelab.records import RequestRecord
 from servelab.store.rundir import read_records, records_file
 
-pytestmark = pytest.mark.engine
+# the real engine on two more APIs: the slow tier (CI runs it), so the default suite stays near 15 min; the
+# captured streams of tests/test_dialects.py replay the same formats there
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 MAX_TOKENS = 16
 REQUESTS = 2

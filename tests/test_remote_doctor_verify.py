@@ -37,6 +37,7 @@ def here_and_there(host, tmp_path, args: list[str]) -> tuple[tuple[int, str], Ru
     return (here.returncode, here.stdout), there
 
 
+@pytest.mark.slow  # two replays watched through SSH: the ready doctor stays in the default suite
 @pytest.mark.parametrize("subject", ["loading", "stalled"])
 def test_doctor_there_gives_the_verdict_and_exit_status_doctor_gives_here(ssh_host, tmp_path, subject):
     proc = None

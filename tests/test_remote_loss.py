@@ -59,6 +59,7 @@ def test_a_frozen_controller_on_a_link_gone_silent_counts_as_gone(ssh_host, tmp_
         up.kill()
 
 
+@pytest.mark.slow  # a grace waited out, then a second follower: the killed-controller test covers the default suite
 def test_on_disconnect_keep_keeps_serving_and_attach_follows_it_and_ctrl_c_there_stops_it(ssh_host, tmp_path):
     up, url = up_ready(ssh_host, tmp_path, "--on-disconnect", "keep")
     job_dir, _ = up.job()

@@ -53,6 +53,7 @@ def test_up_on_a_remote_host_shows_its_phases_live_and_ctrl_c_stops_the_engine_t
     no_traceback(up.stderr)
 
 
+@pytest.mark.slow  # a full start-up with a reconnect in it; bench --on drops a link in the default suite
 def test_a_connection_dropped_mid_start_up_is_picked_up_again_and_the_start_up_completes(ssh_host, tmp_path):
     up = Run(up_args(ssh_host, tmp_path / "far", speed=100), ssh_host.env, tmp_path)
     try:
