@@ -118,17 +118,19 @@ def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> No
         records = read_records(run_dir / "records.jsonl.gz")
         # three rounds; a trial the machine interrupted runs its round again under an index of its own
         trials = summary["trials"]
-        assert [t["index"] for t in trials][:3] == [0, 1, 2]
+        # (a rerun follows its contended trial at once: [0, 3, 4, 1, 2] when round 0 ran three times)
+        assert sorted(t["index"] for t in trials if t["round"] is None) == [0, 1, 2]
         assert {t["index"] if t["round"] is None else t["round"] for t in trials} == {0, 1, 2}
         assert {r.trial for r in records} == {t["index"] for t in trials}
-        for trial in (t for t in trials if t["status"] == "complete"):
+        complete = [t for t in trials if t["status"] == "complete"]
+        for trial in complete:
             single = [r for r in records if r.tag == "single" and not r.warmup and r.trial == trial["index"]]
             assert len(single) == 2 and all(r.output_tokens == 32 for r in single)
             level = step(trial, "single")["levels"][0]
             assert level["figures"]["output_tok_s"]["value"] * level["window_s"] == pytest.approx(64, rel=1e-6)
-            # every trial measured the levels of the first
+            # every trial measured the levels of the first (the first that ran to its end: a contended one may not)
             assert [lv["tag"] for lv in step(trial, "sweep")["levels"]] == \
-                [lv["tag"] for lv in step(summary["trials"][0], "sweep")["levels"]]
+                [lv["tag"] for lv in step(complete[0], "sweep")["levels"]]
     # the lint marks the one-slot cell, and the comparison's verdict tells the story
     assert any(f["setting"] == "parallel=1" and f["severity"] == "serious" for f in misconfigured["launch"]["lint"])
     assert not any(f["severity"] == "serious" for f in well["launch"]["lint"])
