@@ -173,3 +173,24 @@ def test_a_think_time_is_never_cut_short_by_the_event_loop() -> None:
         return short
 
     assert aio.run(go()) == []
+
+
+@pytest.mark.parametrize("mode, cap, p99_ms, warned", [
+    ("rate", 0, 10.5, True),  # uncapped open loop (a rate, a trace replay): late sends offered less load
+    ("rate", 0, 9.5, False),
+    ("rate", 0, None, False),  # no send measured: nothing to say of its lag
+    ("rate", 4, 50.0, False),  # a capped level's lag includes the wait for a slot, the cap doing its job
+    ("concurrency", 0, 50.0, False),
+])
+def test_an_open_loop_level_whose_sends_went_out_late_says_so(mode, cap, p99_ms, warned) -> None:
+    from servelab.bench.level_spec import LevelSpec
+    from servelab.bench.levels import CLIENT_LAG_WARN_MS, late_sends_warning
+    from servelab.records import Figure, Summary
+
+    spec = LevelSpec(tag="trace", mode=mode, concurrency=cap)
+    summary = Summary(tag="trace", mode=mode, concurrency=cap, requests=3, ok=3, failed=0, window_s=1.0,
+                      figures={"client_lag_ms": Figure(value=p99_ms, unit="ms", definition="client-lag")})
+    warning = late_sends_warning(spec, summary)
+    assert (warning is not None) == warned and CLIENT_LAG_WARN_MS == 10.0
+    if warned:
+        assert warning.startswith(f"client lag p99 {p99_ms:.1f} ms") and "client, not the server" in warning

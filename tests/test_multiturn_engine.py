@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from servelab.bench.options import BenchArgs, build_options
+from servelab.bench.levels import CLIENT_LAG_WARN_MS
 from servelab.bench.runner import bench
 
 pytestmark = pytest.mark.engine
@@ -64,13 +65,14 @@ def test_mooncake_trace_replays_on_time_and_reuses_what_its_hash_ids_imply(embed
     result = bench(embedded_server["url"], opts)
     (level,) = result.levels
     assert level.ok == 200
-    # p99 of send - scheduled. Only on a quiet machine: in the slow tier this runs right after a vLLM's fixture is
-    # torn down, and a level that other processes crowded says so in its environment (its lag read 19.7 ms then,
-    # 1-2 ms alone); the bench must then say why it was contended, which is what it owes a busy machine
-    if level.environment is not None and level.environment.contended:
-        assert level.environment.reasons, level.environment
-    else:
-        assert level.figures["client_lag_ms"].value < 10.0
+    # Client lag = send - scheduled. Its median and p95 show whether the schedule was kept (a sender that waited on
+    # responses, or built requests on the clock, is late by tens of ms on every send). Its p99 is where a 2-core
+    # machine shows: the engine computes on both cores while the client's loop reads 200 streams, and in CI it read
+    # 17.9-19.7 ms (1-2 ms alone). The level must then say its sends went out late, which is what it owes a user.
+    lag = level.figures["client_lag_ms"]
+    assert lag.dist.n == 200 and lag.dist.p50 < 2.0 and lag.dist.p95 < 10.0, lag.dist
+    late = [w for w in level.warnings if w.startswith("client lag p99")]
+    assert bool(late) == (lag.value > CLIENT_LAG_WARN_MS), (lag.value, level.warnings)
     implied, got = level.load["implied_cache_hit_ratio"], level.figures["cache_hit_ratio"].value
     # What the trace implies assumes every earlier prompt is still cached and finished before the next arrives.
     # llama.cpp keeps a cache per slot (8 here): a request lands on a slot that may never have seen the blocks it

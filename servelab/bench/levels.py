@@ -141,14 +141,23 @@ async def finish(state: RunState, spec: LevelSpec, records: list[RequestRecord],
                                                        stall_reason=spec.stall.reason(spec.stall.not_sent)))
     if spec.load is not None:
         describe_load(state, spec, summary, records, window)
-        lag = summary.figures.get("client_lag_ms")
-        if spec.mode == "rate" and not spec.concurrency and lag is not None and lag.value is not None \
-                and lag.value > CLIENT_LAG_WARN_MS:
-            summary.warnings.append(f"client lag p99 {lag.value:.1f} ms: sends went out late, so the load offered "
-                                    f"was below the schedule's (the client, not the server, limited it)")
+        if (warning := late_sends_warning(spec, summary)) is not None:
+            summary.warnings.append(warning)
     if state.idle_stacks is not None:  # what the engine was doing when a stream went idle
         await state.idle_stacks.attach(summary)
     return summary
+
+
+def late_sends_warning(spec: LevelSpec, summary: Summary) -> str | None:
+    """An uncapped open-loop level (mode "rate": a request rate, a trace replay, open-loop conversations) whose p99
+    send was later than CLIENT_LAG_WARN_MS offered less load than its schedule. A capped one's lag includes waiting
+    for a slot, which is the cap doing its job."""
+    lag = summary.figures.get("client_lag_ms")
+    if spec.mode != "rate" or spec.concurrency or lag is None or lag.value is None \
+            or lag.value <= CLIENT_LAG_WARN_MS:
+        return None
+    return (f"client lag p99 {lag.value:.1f} ms: sends went out late, so the load offered was below the "
+            f"schedule's (the client, not the server, limited it)")
 
 
 def describe_load(state: RunState, spec: LevelSpec, summary: Summary, records, window: tuple[int, int]) -> None:
