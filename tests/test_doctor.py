@@ -70,6 +70,21 @@ def wait_until_reading(proc: subprocess.Popen, timeout_s: float = 60) -> None:
     raise AssertionError("the replay never started loading weights")
 
 
+def wait_until_still(proc: subprocess.Popen, still_s: float = 0.5, timeout_s: float = 60) -> None:
+    """Until the replay has read nothing for `still_s`: it reached its hang (a fixed sleep is not enough on a busy
+    machine, where a replay still short of it reads on into doctor's window and is rightly called loading)."""
+    deadline = time.monotonic() + timeout_s
+    last, since = psutil.Process(proc.pid).io_counters().read_chars, time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = psutil.Process(proc.pid).io_counters().read_chars
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= still_s:
+            return
+    raise AssertionError("the replay never stopped reading its weights")
+
+
 def doctor_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*SERVELAB, "doctor", *args], capture_output=True, text=True, timeout=120)
 
@@ -154,7 +169,7 @@ def test_the_replay_hung_in_load_is_stalled_without_being_given_its_log(tmp_path
     proc = replay(tmp_path, speed=200, variant="hang-in-load", log=tmp_path / "hang.log" if with_log else None)
     try:
         wait_until_reading(proc)
-        time.sleep(1.0)  # hung at 40 % of the weights, about 0.6 s in
+        wait_until_still(proc)  # hung at 40 % of the weights, about 0.6 s in on a quiet machine
         done = doctor_cli("--pid", str(proc.pid), "--seconds", "3", "--json")
     finally:
         stop(proc)
