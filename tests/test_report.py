@@ -102,3 +102,62 @@ def test_the_report_renders_its_charts_in_chromium(tmp_path: Path) -> None:
             elif r > 200 and 90 < g < 180 and b < 80:
                 orange += 1
     assert blue > 500 and orange > 500, (blue, orange)
+
+
+# ---- chat with images ----------------------------------------------------------------------------------------
+
+
+def _cells(table: str) -> list[list[str]]:
+    return [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]]
+
+
+def _with_images(level_tag: str, rows) -> object:
+    """A synthetic run whose level `level_tag` carried the image groups `rows` make (bench/image_figures.py)."""
+    from servelab.bench.image_figures import image_figures
+
+    run = from_summary(*synthetic_run("exp/vision", seed=3), "vision", "exp/vision")
+    level = next(s for s in run.levels if s.tag == level_tag)
+    level.images = image_figures(rows)[1]
+    return run
+
+
+def test_the_report_shows_a_levels_requests_by_image_count_and_size_as_the_terminal_does() -> None:
+    from servelab.bench.image_figures import ImageRow
+
+    wide, tall = 1024 * 768, 768 * 1024
+    rows = [ImageRow(0, 0, 10.0, 30, ""), ImageRow(1, wide, 40.0, 300, "1024x768"),
+            ImageRow(1, wide, None, None, "1024x768", ok=False), ImageRow(1, tall, 60.0, 1_320, "768x1024"),
+            ImageRow(1, tall, 62.0, 1_320, "768x1024"), ImageRow(2, 2 * wide, 1_250.0, 2_570, "1024x768,1024x768")]
+    vision = _with_images("c2", rows)
+    text = from_summary(*synthetic_run("exp/text", seed=4), "text", "exp/text")
+    page = render_report([vision, text], None)
+
+    section = page[page.index("<h3>Chat with images</h3>"):]
+    assert section.count("<h4") == 1 and "c2" in section[:section.index("</h4>")]  # the one level that sent images
+    table = section[section.index("<table>"):section.index("</table>")]
+    assert _cells(table) == [
+        ["0", "–", "0.000", "1", "0", "30", "10", "10"],
+        ["1", "1024x768", "0.786", "1", "1", "300", "40", "40"],  # the failed request is counted apart
+        ["1", "768x1024", "0.786", "2", "0", "1,320", "61", "62"],  # equal pixels, another group
+        ["2", "2 × 1024x768", "1.573", "1", "0", "2,570", "1,250", "1,250"]]
+    # the text-only run adds no images section: only the vision run's section has one
+    assert page.count("<h3>Chat with images</h3>") == 1
+    assert page.index("<h3>Chat with images</h3>") < page.index("<h2>Run text")
+
+
+def test_a_run_without_images_has_no_images_section() -> None:
+    from servelab.report.html_sections import images_tables
+
+    plain = from_summary(*synthetic_run("exp/text", seed=5), "text", "exp/text")
+    assert images_tables(plain) == ""
+    assert "Chat with images" not in render_report([plain], None)
+
+
+def test_image_sizes_and_level_tags_from_a_file_are_escaped() -> None:
+    from servelab.bench.image_figures import ImageRow
+    from servelab.report.html_sections import images_tables
+
+    run = _with_images("c1", [ImageRow(1, 4, 5.0, 9, EVIL)])
+    next(s for s in run.levels if s.tag == "c1").tag = EVIL  # a run directory is a file anyone can edit: nothing in it becomes markup
+    page = images_tables(run)
+    assert EVIL not in page and page.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 2

@@ -9,7 +9,7 @@ from servelab.compare.compare import Comparison, fmt_ratio
 from servelab.compare.run_data import RunData
 from servelab.report.compare_terminal import number
 from servelab.report.tables import human_bytes
-from servelab.report.terminal import COUNTED_BY_WORDS, figure_label, fmt, gpu_reason, sent_cell, sig
+from servelab.report.terminal import COUNTED_BY_WORDS, figure_label, fmt, gpu_reason, sent_cell, sig, sizes_cell
 from servelab.textsafe import visible
 
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise", "no interval": "warn",
@@ -129,6 +129,7 @@ def run_section(run: RunData, answers: list[str]) -> str:
              "ITL ms p50", "ITL p99", "window s", "machine"], levels, numeric=set(range(4, 12))))
     parts.append(reasoning_table(trials))
     parts.append(answers_table(trials))
+    parts.append(images_tables(run))
     parts.append(gpu_table(trials))
     if run.launch is not None:
         phases = [[e(p.name), e(fmt(p.start_s, 2)), e(fmt(p.end_s, 2)), e(p.detail)] for p in run.launch.phases]
@@ -213,6 +214,32 @@ def answers_table(trials: list) -> str:
     return "<h3>Tool calls and structured output</h3>" + _table(
         ["trial", "level", "first tool-call token ms p50", "complete call ms p50", "called", "calls parse",
          "calls valid", "answers valid against the schema"], rows, numeric=set(range(2, 8)))
+
+
+def images_tables(run: RunData) -> str:
+    """Chat with images (docs/metrics.md#images): per level that sent any, its requests by image count and size,
+    with the columns of the terminal's table (report/terminal.py render_images); "" when no level sent images.
+    The levels are the run's, pooled over the trials that count: the groups are recomputed over every counted
+    trial's requests, like TTFT, so a per-trial table would split what the definition pools."""
+    parts = []
+    for step in run.steps:
+        for s in step.result.levels:
+            if not s.images:
+                continue
+            rows = [[e(g.images), e(sizes_cell(g.sizes)), e(fmt(g.megapixels, 3)), e(g.requests), e(g.failed),
+                     e(fmt(g.prompt_tokens_mean, 0)), e(fmt(g.ttft_ms.p50 if g.ttft_ms else None, 0)),
+                     e(fmt(g.ttft_ms.p99 if g.ttft_ms else None, 0))] for g in s.images]
+            parts.append(f"<h4 class=\"images\">{e(s.tag)} <span class=\"dim\">({e(step.name)})</span>: by image "
+                         f"count and size</h4>" + _table(
+                             ["images", "sizes", "MP per request", "ok", "failed", "prompt tokens (mean)",
+                              "TTFT ms p50", "TTFT ms p99"], rows, numeric={0, 2, 3, 4, 5, 6, 7}))
+    if not parts:
+        return ""
+    pooled = len(run.counted) > 1
+    return ("<h3>Chat with images</h3>" + "\n".join(parts)
+            + "<p class=\"dim\">prompt tokens: the server's usage.prompt_tokens, images included; failed requests "
+              "are in no other column" + (f"; over the {len(run.counted)} trials that count" if pooled else "")
+            + "</p>")
 
 
 def gpu_table(trials: list) -> str:

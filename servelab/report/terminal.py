@@ -413,7 +413,7 @@ def render_images(console: Console, levels: list[Summary]) -> None:
     for s in levels:
         if not s.images:
             continue
-        rows = [[str(g.images), inert(_sizes_cell(g.sizes)), fmt(g.megapixels, 3), str(g.requests), str(g.failed),
+        rows = [[str(g.images), inert(sizes_cell(g.sizes)), fmt(g.megapixels, 3), str(g.requests), str(g.failed),
                  fmt(g.prompt_tokens_mean, 0), fmt(g.ttft_ms.p50 if g.ttft_ms else None, 0),
                  fmt(g.ttft_ms.p99 if g.ttft_ms else None, 0)]
                 for g in s.images]
@@ -422,7 +422,7 @@ def render_images(console: Console, levels: list[Summary]) -> None:
                      Col("prompt\ntokens"), Col("TTFT\nms p50"), Col("TTFT\nms p99")], rows)
 
 
-def _sizes_cell(sizes: str | None) -> str:
+def sizes_cell(sizes: str | None) -> str:
     """ "1024x768,1024x768" as "2 × 1024x768"; "–" without images or for groups by count alone."""
     if not sizes:
         return "–"
