@@ -3,6 +3,7 @@ warnings, the regression gate, and the command line's exit codes."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -271,3 +272,78 @@ def test_a_tokenizer_that_recounted_nothing_is_no_workload_difference() -> None:
     assert not any("workloads differ" in w for w in compare_runs([base, other]).warnings)
     other.records[0].count_method = "chunk_count"  # one request recounted: the tokenizer now matters
     assert any("workloads differ" in w and "tokenizer" in w for w in compare_runs([base, other]).warnings)
+
+
+# ---- chat with images, group by group ----------------------------------------------------------------------------
+
+
+def _vision(name: str, rows, seed: int):
+    """A one-trial run whose single-stream level carried the image groups `rows` make (bench/image_figures.py)."""
+    from servelab.bench.image_figures import image_figures
+
+    data = run(name, trials=1, seed=seed)
+    next(s for s in data.levels if s.tag == "single").images = image_figures(rows)[1]
+    return data
+
+
+def test_compare_sets_each_runs_image_groups_side_by_side_and_marks_a_group_a_run_did_not_send() -> None:
+    from rich.console import Console
+
+    from servelab.bench.image_figures import ImageRow
+    from servelab.report.compare_terminal import render_comparison
+    from servelab.report.html_sections import comparison_section
+
+    wide = 1024 * 768
+    base = _vision("base", [ImageRow(0, 0, 10.0, 30, ""), ImageRow(1, wide, 400.0, 1_300, "1024x768"),
+                            ImageRow(1, wide, 420.0, 1_300, "1024x768")], seed=1)
+    other = _vision("other", [ImageRow(0, 0, 12.0, 31, ""), ImageRow(1, wide, 90.0, 286, "1024x768"),
+                              ImageRow(1, wide, None, None, "1024x768", ok=False),
+                              ImageRow(2, 2 * wide, 150.0, 541, "1024x768,1024x768")], seed=2)
+    plain = run("plain", trials=1, seed=3)
+    c = compare_runs([base, other, plain])
+    assert [(g.images, g.sizes) for g in c.image_groups] == [(0, ""), (1, "1024x768"), (2, "1024x768,1024x768")]
+    one = c.image_groups[1]
+    assert one.megapixels == pytest.approx(0.786432)
+    assert [(x.requests, x.failed, x.ttft_ms_p50, x.prompt_tokens_mean) for x in one.runs[:2]] == [
+        (2, 0, 410.0, 1_300.0), (1, 1, 90.0, 286.0)]
+    assert one.runs[2] is None  # the text-only run sent no such group
+    assert c.image_groups[2].runs[0] is None and c.image_groups[2].runs[1].requests == 1
+
+    console = Console(record=True, width=200, color_system=None)
+    render_comparison(console, c)
+    text = console.export_text()
+    table = text[text.index("by image count and size"):]
+    line = next(x for x in table.splitlines() if "1024x768" in x and "×" not in x)
+    # per run: TTFT p50, prompt tokens, ok/sent (sent only where some failed); the text-only run has none
+    assert [cell.strip() for cell in line.split("│")[1:-1]] == [
+        "1", "1024x768", "0.786", "410", "1,300", "2", "90", "286", "1/2", "–", "–", "–"]
+
+    html = comparison_section(c)
+    section = html[html.index("by image count and size"):]
+    table = section[:section.index("</table>")]
+    row = next(r for r in re.findall(r"<tr>(.*?)</tr>", table) if "<td>1024x768</td>" in r)
+    assert re.findall(r"<td[^>]*>(.*?)</td>", row) == [
+        "1", "1024x768", "0.786", "410", "1,300", "2", "90", "286", "1/2", "–", "–", "–"]
+
+
+def test_compare_has_no_image_groups_when_no_run_sent_images() -> None:
+    from rich.console import Console
+
+    from servelab.report.compare_terminal import render_comparison
+    from servelab.report.html_sections import comparison_section
+
+    c = compare_runs([run("a", trials=1, seed=1), run("b", trials=1, seed=2)])
+    assert c.image_groups == []
+    console = Console(record=True, width=200, color_system=None)
+    render_comparison(console, c)
+    assert "image count" not in console.export_text() and "image count" not in comparison_section(c)
+
+
+def test_image_sizes_read_from_a_file_are_escaped_in_the_reports_comparison() -> None:
+    from servelab.bench.image_figures import ImageRow
+    from servelab.report.html_sections import comparison_section
+
+    evil = "<script>alert(1)</script>"
+    c = compare_runs([_vision("a", [ImageRow(1, 4, 5.0, 9, evil)], seed=1), run("b", trials=1, seed=2)])
+    html = comparison_section(c)
+    assert c.image_groups[0].sizes == evil and evil not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html

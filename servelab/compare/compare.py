@@ -15,6 +15,7 @@ from servelab import SCHEMA_VERSION
 from servelab.compare.bootstrap import (CONFIDENCE, RESAMPLES, Interval, Trials, figure_interval,
                                          ratio_interval)
 from servelab.compare.comparability import comparability_warnings
+from servelab.compare.image_groups import ImageGroupRow, image_group_rows
 from servelab.compare.metrics import KEY_METRICS, KeyMetric, run_reasoning_share
 from servelab.compare.run_data import RunData
 from servelab.errors import UserError
@@ -98,6 +99,9 @@ class Comparison(BaseModel):
     rows: list[Row]
     warnings: list[str] = Field(default_factory=list)
     verdicts: list[str] = Field(default_factory=list)  # one sentence per finding, for people
+    # Chat with images: each run's single-stream requests by image count and size, side by side, without a verdict
+    # (compare/image_groups.py); empty when no run's single-stream level sent images.
+    image_groups: list[ImageGroupRow] = Field(default_factory=list)
     method: str = (f"hierarchical bootstrap, {RESAMPLES} resamples, {CONFIDENCE:.0%} percentile intervals: trials "
                    f"resampled, then requests (time bins for throughput) within each; better/worse only when "
                    f"every trial agrees (docs/metrics.md#comparing-runs)")
@@ -156,6 +160,7 @@ def compare_runs(runs: list[RunData]) -> Comparison:
             for fig, cell in zip(row.figures[1:], row.ratios[1:]):
                 if fig.where and base_where and fig.where != base_where and cell.ratio is not None:
                     cell.verdict = "different levels"
+    comparison.image_groups = image_group_rows(runs)
     comparison.verdicts = verdict_sentences(comparison)
     return comparison
 

@@ -7,7 +7,7 @@ from rich.text import Text
 
 from servelab.compare.compare import Comparison, fmt_ratio
 from servelab.report.tables import Col, key_col, print_table, text_col
-from servelab.report.terminal import fmt, sig
+from servelab.report.terminal import fmt, sig, sizes_cell
 from servelab.store.runs import RunRow
 from servelab.textsafe import inert, inert_markup
 
@@ -59,6 +59,7 @@ def render_comparison(console: Console, comparison: Comparison) -> None:
                        style="dim"))
     for line in not_measured_lines(comparison):
         console.print(Text(f"  {inert(line)}", style="dim"))
+    render_image_groups(console, comparison)
     for warning in comparison.warnings:
         console.print(Text(f"  warning: {inert(warning)}", style="yellow"))
     if comparison.verdicts:
@@ -87,6 +88,31 @@ def _comparison_cell(row, fig, ratio) -> Text:
     elif ratio.verdict == "missing" and row.figures[0].value is not None:
         text.append("\nno ratio", style="dim")
     return text
+
+
+def render_image_groups(console: Console, comparison: Comparison) -> None:
+    """Each run's single-stream requests by image count and size, side by side (compare/image_groups.py): per run
+    TTFT p50, the prompt the server counted and ok/sent; nothing when no run sent images. A column per figure,
+    each cell one word, so a narrow console splits the table rather than cutting a number."""
+    if not comparison.image_groups:
+        return
+    rows = []
+    for row in comparison.image_groups:
+        cells: list = [str(row.images), inert(sizes_cell(row.sizes)), fmt(row.megapixels, 3)]
+        for cell in row.runs:
+            cells += ["–"] * 3 if cell is None else image_cells(cell)
+        rows.append(cells)
+    cols = [key_col("images"), key_col("sizes"), Col("MP per\nrequest")]
+    for run in comparison.runs:
+        name = inert(run.name)
+        cols += [Col(f"{name}\nTTFT ms p50"), Col(f"{name}\nprompt tok"), Col(f"{name}\nok/sent")]
+    print_table(console, "single-stream requests by image count and size", cols, rows, keys=2)
+
+
+def image_cells(cell) -> list[str]:
+    """One run's group as the terminal and the HTML report show it: TTFT p50, prompt tokens, ok/sent."""
+    sent = str(cell.requests) if not cell.failed else f"{cell.requests}/{cell.requests + cell.failed}"
+    return [fmt(cell.ttft_ms_p50, 0), fmt(cell.prompt_tokens_mean, 0), sent]
 
 
 def not_measured_lines(comparison: Comparison) -> list[str]:

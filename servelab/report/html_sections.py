@@ -7,7 +7,7 @@ from typing import Any
 
 from servelab.compare.compare import Comparison, fmt_ratio
 from servelab.compare.run_data import RunData
-from servelab.report.compare_terminal import number
+from servelab.report.compare_terminal import image_cells, number
 from servelab.report.tables import human_bytes
 from servelab.report.terminal import COUNTED_BY_WORDS, figure_label, fmt, gpu_reason, sent_cell, sig, sizes_cell
 from servelab.textsafe import visible
@@ -75,9 +75,28 @@ def comparison_section(c: Comparison) -> str:
         rows.append(cells)
     parts.append(_table(head, rows, numeric=set(range(1, len(head)))))
     parts.append(f"<p class=\"dim\">↑ higher is better, ↓ lower is better; [..] 95 % intervals. {e(c.method)}</p>")
+    parts.append(image_groups_table(c))
     if c.warnings:
         parts.append("<ul>" + "".join(f"<li class=\"warn\">{e(w)}</li>" for w in c.warnings) + "</ul>")
     return "\n".join(parts)
+
+
+def image_groups_table(c: Comparison) -> str:
+    """Each run's single-stream requests by image count and size, side by side (compare/image_groups.py), with
+    the terminal's columns (report/compare_terminal.py render_image_groups); "" when no run's single-stream level
+    sent images."""
+    if not c.image_groups:
+        return ""
+    rows = [[e(row.images), e(sizes_cell(row.sizes)), e(fmt(row.megapixels, 3))]
+            + [e(x) for cell in row.runs for x in (["–"] * 3 if cell is None else image_cells(cell))]
+            for row in c.image_groups]
+    head = ["images", "sizes", "MP per request"] + [f"{r.name} {what}" for r in c.runs
+                                                    for what in ("TTFT ms p50", "prompt tokens", "ok/sent")]
+    return ("<h3>Single-stream requests by image count and size</h3>"
+            + _table(head, rows, numeric=set(range(len(head))) - {1})
+            + "<p class=\"dim\">prompt tokens: the server's usage.prompt_tokens, images included; ok/sent where "
+              "requests of the group failed. No interval and no verdict per group: the verdict on images is the "
+              "TTFT row above (docs/metrics.md#images)</p>")
 
 
 def run_section(run: RunData, answers: list[str]) -> str:
