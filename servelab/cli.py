@@ -38,10 +38,12 @@ ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Model id
 ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="SERVELAB_API_KEY", show_default=False,
                                                   help="Bearer token for the server. Never written anywhere.")]
 
-# --on: the same command, run by servelab on another host over SSH (servelab/remote/).
+# --on: the same command, run by servelab on another host over SSH, or on a Ray node (servelab/remote/).
 OnOpt = Annotated[Optional[str], typer.Option(
     "--on", help="Run it on another host: ssh://[user@]host[:port] (your ~/.ssh/config, agent and known_hosts "
-                 "apply). servelab must be installed there.", metavar="SSH_URL")]
+                 "apply), or a Ray node that has the resources named, held while it runs: ray:GPU=8[,CPU=4,…] "
+                 "(the cluster of RAY_ADDRESS, else this host's). servelab must be installed there.",
+    metavar="SSH_URL|ray:RES=N")]
 RemotePythonOpt = Annotated[Optional[str], typer.Option(
     "--remote-python", help="With --on: an interpreter on that host that has servelab (default: `servelab` on "
                             "its PATH).", metavar="PATH")]
@@ -287,8 +289,9 @@ def bench_cmd(
                                    "each answer's whole text (about 2x the bytes).")] = False,
     on: Annotated[Optional[str], typer.Option(
         "--on", help="Run the client on another host, next to the server (the network between you and it stays "
-                     "out of the figures): ssh://[user@]host[:port]. URL is as that host sees it; the results "
-                     "come back into --out (default runs) and the store here.", metavar="SSH_URL")] = None,
+                     "out of the figures): ssh://[user@]host[:port], or a Ray node by resources, ray:GPU=8[,…]. "
+                     "URL is as that host sees it; the results come back into --out (default runs) and the "
+                     "store here.", metavar="SSH_URL|ray:RES=N")] = None,
     remote_python: RemotePythonOpt = None,
     remote_dir: RemoteDirOpt = None,
     as_json: JsonOpt = False,

@@ -347,19 +347,20 @@ BenchOverrides = _overrides(BenchSettings)
 VerifyOverrides = _overrides(VerifySettings)
 
 
-def _ssh_url(value: str | None) -> str | None:
+def _where(value: str | None) -> str | None:
     if value is not None:
-        from servelab.remote.target import SshTarget
+        from servelab.remote.placement import parse_on
 
         try:
-            SshTarget.parse(value)
+            parse_on(value)
         except Exception as exc:  # UserError: its message names what is wrong
             raise ValueError(str(exc)) from None
     return value
 
 
-# Where a cell runs: ssh://[user@]host[:port] (servelab/remote/), or None for here.
-SshUrl = Annotated[Optional[str], AfterValidator(_ssh_url)]
+# Where a cell runs: ssh://[user@]host[:port], or a Ray node by resources, ray:GPU=8[,CPU=4…]
+# (servelab/remote/); None for here. Not Ray itself: the file is checked where Ray is not installed.
+OnWhere = Annotated[Optional[str], AfterValidator(_where)]
 
 
 class Cell(EngineSpec):
@@ -371,10 +372,11 @@ class Cell(EngineSpec):
     engine: str | None = None  # type: ignore[assignment]  # optional here: a URL cell has no engine
     model: str | None = None  # type: ignore[assignment]  # a URL cell: the model id to request (default: the first)
     url: str | None = None
-    # ssh://[user@]host[:port]: the cell runs on that host (servelab/remote/cell.py), as `--on` does; None: the
+    # ssh://[user@]host[:port] or ray:GPU=8…: the cell runs on that host, or on a Ray node that has those
+    # resources, held for the cell's trials (servelab/remote/cell.py), as `--on` does; None: the
     # experiment's `on`, else here. A `url` is then as that host sees it. (`host` is EngineSpec's: the interface
     # the engine binds.)
-    on: SshUrl = None
+    on: OnWhere = None
     bench: BenchOverrides = Field(default_factory=BenchOverrides)  # type: ignore[valid-type]
     verify: VerifyOverrides = Field(default_factory=VerifyOverrides)  # type: ignore[valid-type]
 
@@ -426,8 +428,8 @@ class Experiment(Strict):
     baseline: str | None = None
     # Literal figures from elsewhere (no records, so no confidence interval), e.g. {vllm: {single.decode_tok_s: 82.5}}
     baselines: dict[str, dict[str, float]] = Field(default_factory=dict)
-    # Where cells run unless they say otherwise: ssh://[user@]host[:port], or None for here.
-    on: SshUrl = None
+    # Where cells run unless they say otherwise: ssh://[user@]host[:port], ray:GPU=8…, or None for here.
+    on: OnWhere = None
     cells: list[Cell] = Field(min_length=1)
 
 

@@ -1,5 +1,6 @@
-"""An experiment's cell on another host (`host: ssh://…`): its trials run there, as a one-cell experiment of
-`servelab run`, and come back as this cell's run directory, trials, records and verdicts.
+"""An experiment's cell on another host (`on: ssh://…`, or `on: ray:GPU=8` for a Ray node with those resources,
+held for all of the cell's trials): its trials run there, as a one-cell experiment of `servelab run`, and come
+back as this cell's run directory, trials, records and verdicts.
 
 Why all of a remote cell's trials at once, not interleaved with the other cells' trials: interleaving spreads one
 machine's noise over every cell that shares it. A cell on another host shares no machine with the local cells, so

@@ -1,5 +1,7 @@
-"""What `up`, `bench`, `doctor` and `verify` do with `--on ssh://…`: the same command, run by servelab on the far
-side, its output and live view shown here, its results copied back into this side's run directory and store.
+"""What `up`, `bench`, `doctor` and `verify` do with `--on ssh://…` or `--on ray:GPU=8`: the same command, run by
+servelab on the far side, its output and live view shown here, its results copied back into this side's run
+directory and store. Which link carries it (an SSH connection, a Ray actor placed by resources) is `--on`'s
+scheme's (placement.py); everything after that is the same controller.
 
 The command line the far side runs is this one's, less the options that only make sense here (FORWARD_DROPS):
 one code path for both, so a remote run cannot drift from a local one.
@@ -20,6 +22,8 @@ from servelab.errors import UserError
 from servelab.remote.connection import SshConnection
 from servelab.remote.controller import RemoteJob, RemoteOptions, hello
 from servelab.remote.events_view import replay
+from servelab.remote.link import display_host
+from servelab.remote.placement import RayPlacement, is_ray, parse_on
 from servelab.remote.target import SshTarget
 
 # Options of this side only, each with a value: where to run, how, and where results land here.
@@ -76,21 +80,29 @@ class _Printer:
             sys.stderr.flush()
 
 
-def ready_note(target: SshTarget, url: str) -> str:
-    """Where the engine's URL is, said once it is ready: it is the far host's, not this machine's."""
+def ready_note(target: SshTarget | RayPlacement, url: str, node: str | None = None) -> str:
+    """Where the engine's URL is, said once it is ready: it is the far host's, not this machine's (`node`: the Ray
+    node's address, for a placement)."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     port = parts.port or 80
     host = parts.hostname or "127.0.0.1"
+    if isinstance(target, RayPlacement):
+        return (f"{url} is Ray node {node}'s address: the GPUs stay held while this runs; reach it from there "
+                f"(--on ssh://{node}), or forward it here with `ssh -N -L {port}:{host}:{port} {node}`")
     ssh = f"ssh -N -L {port}:{host}:{port}" + (f" -p {target.port}" if target.port else "") + \
         f" {target.user + '@' if target.user else ''}{target.host}"
     return (f"{url} is {target.host}'s address: verify and bench it there with --on {target}, or forward it here "
             f"with `{ssh}`")
 
 
-def _open(on: str) -> tuple[SshTarget, Any]:
-    target = SshTarget.parse(on)
+def _open(on: str) -> tuple[SshTarget | RayPlacement, Any]:
+    target = parse_on(on)
+    if isinstance(target, RayPlacement):
+        from servelab.remote.ray_link import RayLink  # Ray is an extra: imported only for a placement
+
+        return target, RayLink.open(target)
     return target, SshConnection.open(target)
 
 
@@ -107,6 +119,8 @@ def run_remote(on: str, argv: Sequence[str], options: RemoteOptions, console: Co
         err_console.print(f"remote: {text}", markup=False, highlight=False, soft_wrap=True)
 
     with opening as conn:
+        if placed := getattr(conn, "placed_note", None):
+            note(placed)
         hello(conn, options, note)
         job = RemoteJob.start(conn, options, argv, env_secrets, files)
         note(f"running on {target} in {job.dir} (pid {job.pid})")
@@ -115,9 +129,9 @@ def run_remote(on: str, argv: Sequence[str], options: RemoteOptions, console: Co
             if event["k"] in ("out", "err"):
                 printer.line(event)
             elif event["k"] == "launch" and view is not None:
-                engine = replay(event, view, target.host)
+                engine = replay(event, view, display_host(conn))
                 if engine is not None:
-                    note(ready_note(target, engine.url))
+                    note(ready_note(target, engine.url, display_host(conn)))
 
         code = job.follow(on_event, note)
         if code == 130 and interrupts.received() is not None:
@@ -166,7 +180,7 @@ def remote_bench(on: str, argv: Sequence[str], options: RemoteOptions, console: 
     args[cut:cut] = ["--out", RESULTS]
     code, job, _lines, copied = run_remote(on, args, options, console, err_console, fetch=(RESULTS, out),
                                            env_secrets=env_secrets)
-    runs = store_copied_runs(out, copied, store_path, ran_on=str(SshTarget.parse(on)), remote_dir=job.dir)
+    runs = store_copied_runs(out, copied, store_path, ran_on=str(parse_on(on)), remote_dir=job.dir)
     for run in runs:
         err_console.print(f"remote: copied {run.name} back to {run} and stored it in {store_path}", markup=False,
                           highlight=False, soft_wrap=True)
@@ -175,6 +189,10 @@ def remote_bench(on: str, argv: Sequence[str], options: RemoteOptions, console: 
 
 def attach(on: str, job_dir: str, options: RemoteOptions, console: Console, err_console: Console, view) -> int:
     """Follow a job already running there, from its first event."""
+    if is_ray(on):
+        raise UserError("attach follows a job over ssh:// only: a Ray placement names resources, not the node "
+                        "the job is on", hint="attach to that node: servelab attach ssh://NODE JOB_DIR (the "
+                                              "note `placed on Ray node …` named it)")
     target, opening = _open(on)
     printer = _Printer(console, err_console)
 

@@ -27,7 +27,8 @@ from typing import Any
 from servelab import __version__
 from servelab.errors import UserError
 from servelab.remote.agent import MANIFEST, NO_JOB, file_digest
-from servelab.remote.connection import NOT_FOUND, SSH_FAILED, SshConnection
+from servelab.remote.connection import NOT_FOUND
+from servelab.remote.link import LINK_FAILED, Link, attach_target, lost_for_good
 from servelab.remote.protocol import BEAT_S, compatibility, decode
 
 SILENT_LIMIT_S = 4 * BEAT_S  # a follower that sent nothing, not even a beat, for this long is on a dead link
@@ -51,7 +52,7 @@ class RemoteOptions:
         return [self.remote_python, "-m", "servelab.cli"] if self.remote_python else ["servelab"]
 
 
-def hello(conn: SshConnection, options: RemoteOptions, warn: Callable[[str], None]) -> dict[str, Any]:
+def hello(conn: Link, options: RemoteOptions, warn: Callable[[str], None]) -> dict[str, Any]:
     """The far side's servelab, checked against the compatibility rule; UserError when it is missing or cannot be
     driven."""
     done = conn.run([*options.servelab(), "remote", "hello"], timeout_s=60)
@@ -94,7 +95,7 @@ def _last(data: bytes) -> str:
 
 @dataclass
 class RemoteJob:
-    conn: SshConnection
+    conn: Link  # an SshConnection, a RayLink (link.py): the job's far side is the same either way
     options: RemoteOptions
     dir: str
     pid: int
@@ -106,7 +107,7 @@ class RemoteJob:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def start(cls, conn: SshConnection, options: RemoteOptions, argv: Sequence[str],
+    def start(cls, conn: Link, options: RemoteOptions, argv: Sequence[str],
               secrets: dict[str, str] | None = None, files: dict[str, str] | None = None) -> RemoteJob:
         """Start `servelab ARGV…` there. `secrets` (an API key) travel on the channel's stdin into the worker's
         environment, never on a command line or into a file; `files` are written into the job directory first
@@ -218,7 +219,7 @@ class RemoteJob:
                     continue
                 if raw is None:
                     proc.wait()
-                    if proc.returncode == SSH_FAILED or not self.conn.master_alive:
+                    if proc.returncode == LINK_FAILED or not self.conn.master_alive:
                         return "dropped"
                     stderr = _last(proc.stderr.read() if proc.stderr else b"")
                     why = stderr.removeprefix('error: ') or 'the follower ended without the exit line'
@@ -271,6 +272,8 @@ class RemoteJob:
     def _reconnect(self, on_note: Callable[[str], None]) -> None:
         """Back within the grace period, or UserError saying what became of the engine."""
         started = time.monotonic()
+        if gone := lost_for_good(self.conn):
+            raise UserError(f"on {self.conn.target}: {gone}: {self._fate(coming=True)}")
         on_note(f"the connection to {self.conn.target} dropped; reconnecting (the far side waits "
                 f"{self.options.grace_s:g} s for a controller)")
         while (left := self.options.grace_s - (time.monotonic() - started)) > 0:
@@ -280,14 +283,20 @@ class RemoteJob:
                 on_note(f"reconnected to {self.conn.target} after {time.monotonic() - started:.1f} s; following "
                         f"again")
                 return
+            if gone := lost_for_good(self.conn):  # a link that cannot come back: no use waiting out the grace
+                raise UserError(f"on {self.conn.target}: {gone}: {self._fate(coming=True)}")
             time.sleep(RECONNECT_EVERY_S)
         raise UserError(f"lost {self.conn.target} for {self.options.grace_s:g} s: {self._fate()}")
 
-    def _fate(self) -> str:
+    def _fate(self, coming: bool = False) -> str:
+        """What became of the engine there; `coming`: what will, the grace period not yet over."""
         if self.options.on_disconnect == "stop":
+            if coming:
+                return (f"the job there stops the engine once it has heard from no controller for "
+                        f"{self.options.grace_s:g} s, as --on-disconnect stop says")
             return "it has stopped the engine there, as --on-disconnect stop says"
-        return (f"the engine keeps running there (--on-disconnect keep): `servelab attach {self.conn.target} "
-                f"{self.dir}` follows it again")
+        return (f"the engine keeps running there (--on-disconnect keep): `servelab attach "
+                f"{attach_target(self.conn)} {self.dir}` follows it again")
 
     def fetch(self, path: str, into: Path, on_note: Callable[[str], None] | None = None) -> list[str]:
         """Copy DIR/path into `into`, checked against the far side's manifest before anything is kept; the files

@@ -1,0 +1,160 @@
+"""`--on ray:GPU=8` on a real local Ray cluster (one node, eight logical GPUs, none real, and a custom resource),
+started by the test on 127.0.0.1: the far side is the same remote job as over SSH, run by an actor that holds the
+resources; its run comes back checked; a placement no node can hold fails at once in one line; the actor killed
+mid-job stops the engine there within the grace, as a lost SSH controller does.
+
+Slow tier: Ray takes ~15 s to start on two cores; skipped cleanly where Ray is not installed
+(`pip install 'servelab[ray]'`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+# Before Ray is imported, as tests/test_workers_ray.py does: the node named by the loopback address, no usage
+# statistics sent anywhere. The servelab processes the tests start inherit them.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+ray = pytest.importorskip("ray")
+
+from remote_support import READY, RUNNING, SERVELAB, Run, health, no_traceback, run  # noqa: E402
+
+from servelab.calibration import Script, start_calibration_server  # noqa: E402
+from servelab.errors import UserError  # noqa: E402
+from servelab.remote.agent import worker_alive  # noqa: E402
+from servelab.remote.placement import RayPlacement  # noqa: E402
+from servelab.remote.ray_link import NAMESPACE, PLACE_WAIT_VAR, RayLink  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+PLACED = re.compile(r"remote: placed on Ray node (\S+) \(.*\), actor (servelab-link-\w+) in namespace servelab, "
+                    r"holding (\S+)(?: \(CUDA_VISIBLE_DEVICES=(\S+)\))?$")
+GRACE_S = 3
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=3, num_gpus=8, resources={"accelerator_type_H100": 1}, include_dashboard=False,
+             logging_level="ERROR")
+    try:
+        yield {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    finally:
+        ray.shutdown()
+
+
+def gpus_free_again(timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ray.available_resources().get("GPU", 0) == 8:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_bench_on_a_ray_placement_runs_there_and_its_run_comes_back_checked(cluster, tmp_path):
+    local, far = tmp_path / "local", tmp_path / "far"
+    with start_calibration_server(Script(ttft_ms=5, itl_ms=2, output_tokens=8)) as cal:
+        code, bench = run(["bench", cal.url, "--mode", "concurrency", "--concurrency", "2", "--requests", "6",
+                           "--warmup", "0", "--max-tokens", "8", "--tokenizer", "none", "--out", str(local),
+                           "--on", "ray:GPU=8", "--remote-dir", str(far)], cluster, tmp_path, timeout=180)
+    assert code == 0, bench.stdout + bench.stderr
+    (placed,) = [m for line in bench.err if (m := PLACED.search(line))]
+    assert placed.group(1) == "127.0.0.1" and placed.group(3) == "ray:GPU=8"
+    assert sorted(placed.group(4).split(",")) == [str(i) for i in range(8)]  # the eight Ray gave the actor
+    job_dir = next(m for line in bench.err if (m := RUNNING.search(line)))
+    assert job_dir.group(1) == "ray:GPU=8"
+    job = tmp_path / "far" / os.path.basename(job_dir.group(2))
+    assert job.is_dir() and json.loads((job / "job.json").read_text())["argv"][0] == "bench"
+    assert (job / "events.jsonl").read_text().splitlines()[-1] == '{"k":"exit","code":0}'
+    # Copied back whole, and kept in this side's store, marked with where it ran.
+    copied = [line for line in bench.err if line.startswith("remote: copied ")]
+    assert len(copied) == 1, bench.stderr
+    run_id = copied[0].split()[2]
+    (there,) = far.glob(f"*/results/{run_id}")
+    for name in ("summary.json", "records.jsonl.gz"):
+        assert (local / run_id / name).read_bytes() == (there / name).read_bytes()
+    shown = subprocess.run([*SERVELAB, "show", run_id, "--out", str(local), "--json"], capture_output=True,
+                           text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    assert doc["provenance"]["ran_on"] == "ray:GPU=8"
+    ((sent, ok),) = [(level["requests"], level["ok"]) for level in doc["sweep"]["levels"]]
+    assert sent == ok == 6
+    no_traceback(bench.stderr)
+    # The actor is gone with the command, and the GPUs it held are Ray's again.
+    with pytest.raises(ValueError):
+        ray.get_actor(placed.group(2), namespace=NAMESPACE)
+    assert gpus_free_again()
+
+
+def test_a_placement_no_node_can_hold_fails_at_once_in_one_line(cluster, tmp_path):
+    started = time.monotonic()
+    code, bench = run(["bench", "http://127.0.0.1:9", "--on", "ray:GPU=9", "--out", str(tmp_path)], cluster,
+                      tmp_path, timeout=120)
+    assert code == 2, bench.stdout + bench.stderr
+    # one line, Ray's own logging kept out of it
+    (error,) = [line for line in bench.err if line.strip()] or [""]
+    assert error.startswith("error: no node of the Ray cluster has GPU=9 (1 node; the most any has: GPU=8) ("), \
+        bench.stderr
+    no_traceback(bench.stderr)
+    assert time.monotonic() - started < 60  # not Ray's pending-for-ever
+    # A custom resource no node was started with, and one that some node has alongside one it has not.
+    with pytest.raises(UserError, match=r"has accelerator_type_A100=1 \(1 node; the most any has: "
+                                        r"accelerator_type_A100=0\)"):
+        with RayLink.open(RayPlacement.parse("ray:accelerator_type_A100=1")):
+            pass
+    with pytest.raises(UserError, match=r"has CPU=64 \(1 node; the most any has: CPU=3\) "):
+        with RayLink.open(RayPlacement.parse("ray:accelerator_type_H100=1,CPU=64")):
+            pass
+    assert gpus_free_again()
+
+
+def test_a_placement_whose_resources_are_busy_is_waited_for_a_bounded_time(cluster, monkeypatch):
+    monkeypatch.setenv(PLACE_WAIT_VAR, "2")
+    with RayLink.open(RayPlacement.parse("ray:GPU=8")) as holding:
+        assert holding.check()
+        started = time.monotonic()
+        with pytest.raises(UserError, match=r"had ray:GPU=1 free within 2 s: the nodes that have them are busy"):
+            with RayLink.open(RayPlacement.parse("ray:GPU=1")):
+                pass
+        assert time.monotonic() - started < 20
+    assert gpus_free_again()
+
+
+def test_the_actor_killed_mid_job_stops_the_engine_there_within_the_grace(cluster, tmp_path):
+    up = Run(["up", "replay-sglang", "--option", "speed=300", "--on", "ray:GPU=8", "--remote-dir",
+              str(tmp_path / "far"), "--disconnect-grace", str(GRACE_S)], cluster, tmp_path)
+    try:
+        url = up.wait_for(READY, timeout=120).group(1)
+        up.wait_for("press Ctrl-C to stop")
+        assert health(url) == 200
+        placed = up.wait_for(PLACED, stream="err", timeout=5)
+        job_dir, _worker = up.job()
+        assert worker_alive(job_dir)
+        ray.kill(ray.get_actor(placed.group(2), namespace=NAMESPACE))
+        killed_at = time.monotonic()
+        # The controller says so in one line, at once (no new actor: the GPUs are Ray's again) ...
+        code = up.finish(60)
+        assert code == 2, up.stdout + up.stderr
+        errors = [line for line in up.err if line.startswith("error:")]
+        assert len(errors) == 1 and f"the Ray actor {placed.group(2)} that held ray:GPU=8 on node 127.0.0.1 is " \
+                                    f"gone" in errors[0], up.stderr
+        assert f"stops the engine once it has heard from no controller for {GRACE_S} s" in errors[0]
+        # ... and the job there, hearing no controller through the actor any more, stops the engine.
+        while worker_alive(job_dir) and time.monotonic() - killed_at < GRACE_S + 15:
+            time.sleep(0.1)
+        assert not worker_alive(job_dir)
+        assert health(url) is None
+    finally:
+        up.kill()
+    events = (job_dir / "events.jsonl").read_text()
+    assert "the controller has been gone for" in events and "stopping, as --on-disconnect stop says" in events
+    assert events.splitlines()[-1] == '{"k":"exit","code":0}'
+    no_traceback(up.stderr)
+    assert gpus_free_again()
