@@ -13,6 +13,8 @@ import os
 import re
 import subprocess
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,6 +29,7 @@ from remote_support import READY, RUNNING, SERVELAB, Run, health, no_traceback, 
 
 from servelab.calibration import Script, start_calibration_server  # noqa: E402
 from servelab.errors import UserError  # noqa: E402
+from servelab.records import RunSummary  # noqa: E402
 from servelab.remote.agent import worker_alive  # noqa: E402
 from servelab.remote.placement import RayPlacement  # noqa: E402
 from servelab.remote.ray_link import NAMESPACE, PLACE_WAIT_VAR, RayLink  # noqa: E402
@@ -39,13 +42,44 @@ GRACE_S = 3
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=3, num_gpus=8, resources={"accelerator_type_H100": 1}, include_dashboard=False,
-             logging_level="ERROR")
+def cluster(tmp_path_factory):
+    """The cluster, and the environment a servelab joining it is given. The far side's processes inherit the
+    cluster's environment, not the controller's: jobs that name no --remote-dir (an experiment cell's) go under
+    the SERVELAB_REMOTE_ROOT it was started with, not this user's ~/.servelab/remote."""
+    root = tmp_path_factory.mktemp("ray-far")
+    before = os.environ.get("SERVELAB_REMOTE_ROOT")
+    os.environ["SERVELAB_REMOTE_ROOT"] = str(root)
     try:
-        yield {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+        ray.init(num_cpus=3, num_gpus=8, resources={"accelerator_type_H100": 1}, include_dashboard=False,
+                 logging_level="ERROR")
+    finally:
+        if before is None:
+            del os.environ["SERVELAB_REMOTE_ROOT"]
+        else:
+            os.environ["SERVELAB_REMOTE_ROOT"] = before
+    try:
+        yield SimpleNamespace(env={**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}, far_root=root)
     finally:
         ray.shutdown()
+
+
+def up_ready(cluster, tmp_path) -> tuple[Run, str, re.Match, Path]:
+    """`up` of the replay engine on ray:GPU=8, ready: (it, the engine's URL, the placement note, the job dir)."""
+    up = Run(["up", "replay-sglang", "--option", "speed=300", "--on", "ray:GPU=8", "--remote-dir",
+              str(tmp_path / "far"), "--disconnect-grace", str(GRACE_S)], cluster.env, tmp_path)
+    url = up.wait_for(READY, timeout=120).group(1)
+    up.wait_for("press Ctrl-C to stop")
+    assert health(url) == 200
+    placed = up.wait_for(PLACED, stream="err", timeout=5)
+    job_dir, _worker = up.job()
+    assert worker_alive(job_dir)
+    return up, url, placed, job_dir
+
+
+def wait_stopped(job_dir: Path, since: float) -> None:
+    while worker_alive(job_dir) and time.monotonic() - since < GRACE_S + 15:
+        time.sleep(0.1)
+    assert not worker_alive(job_dir), "the job there outlived its controller's grace"
 
 
 def gpus_free_again(timeout_s: float = 20.0) -> bool:
@@ -62,7 +96,7 @@ def test_bench_on_a_ray_placement_runs_there_and_its_run_comes_back_checked(clus
     with start_calibration_server(Script(ttft_ms=5, itl_ms=2, output_tokens=8)) as cal:
         code, bench = run(["bench", cal.url, "--mode", "concurrency", "--concurrency", "2", "--requests", "6",
                            "--warmup", "0", "--max-tokens", "8", "--tokenizer", "none", "--out", str(local),
-                           "--on", "ray:GPU=8", "--remote-dir", str(far)], cluster, tmp_path, timeout=180)
+                           "--on", "ray:GPU=8", "--remote-dir", str(far)], cluster.env, tmp_path, timeout=180)
     assert code == 0, bench.stdout + bench.stderr
     (placed,) = [m for line in bench.err if (m := PLACED.search(line))]
     assert placed.group(1) == "127.0.0.1" and placed.group(3) == "ray:GPU=8"
@@ -95,8 +129,8 @@ def test_bench_on_a_ray_placement_runs_there_and_its_run_comes_back_checked(clus
 
 def test_a_placement_no_node_can_hold_fails_at_once_in_one_line(cluster, tmp_path):
     started = time.monotonic()
-    code, bench = run(["bench", "http://127.0.0.1:9", "--on", "ray:GPU=9", "--out", str(tmp_path)], cluster,
-                      tmp_path, timeout=120)
+    code, bench = run(["bench", "http://127.0.0.1:9", "--on", "ray:GPU=9", "--out", str(tmp_path)],
+                      cluster.env, tmp_path, timeout=120)
     assert code == 2, bench.stdout + bench.stderr
     # one line, Ray's own logging kept out of it
     (error,) = [line for line in bench.err if line.strip()] or [""]
@@ -128,15 +162,8 @@ def test_a_placement_whose_resources_are_busy_is_waited_for_a_bounded_time(clust
 
 
 def test_the_actor_killed_mid_job_stops_the_engine_there_within_the_grace(cluster, tmp_path):
-    up = Run(["up", "replay-sglang", "--option", "speed=300", "--on", "ray:GPU=8", "--remote-dir",
-              str(tmp_path / "far"), "--disconnect-grace", str(GRACE_S)], cluster, tmp_path)
+    up, url, placed, job_dir = up_ready(cluster, tmp_path)
     try:
-        url = up.wait_for(READY, timeout=120).group(1)
-        up.wait_for("press Ctrl-C to stop")
-        assert health(url) == 200
-        placed = up.wait_for(PLACED, stream="err", timeout=5)
-        job_dir, _worker = up.job()
-        assert worker_alive(job_dir)
         ray.kill(ray.get_actor(placed.group(2), namespace=NAMESPACE))
         killed_at = time.monotonic()
         # The controller says so in one line, at once (no new actor: the GPUs are Ray's again) ...
@@ -147,9 +174,7 @@ def test_the_actor_killed_mid_job_stops_the_engine_there_within_the_grace(cluste
                                     f"gone" in errors[0], up.stderr
         assert f"stops the engine once it has heard from no controller for {GRACE_S} s" in errors[0]
         # ... and the job there, hearing no controller through the actor any more, stops the engine.
-        while worker_alive(job_dir) and time.monotonic() - killed_at < GRACE_S + 15:
-            time.sleep(0.1)
-        assert not worker_alive(job_dir)
+        wait_stopped(job_dir, killed_at)
         assert health(url) is None
     finally:
         up.kill()
@@ -158,3 +183,79 @@ def test_the_actor_killed_mid_job_stops_the_engine_there_within_the_grace(cluste
     assert events.splitlines()[-1] == '{"k":"exit","code":0}'
     no_traceback(up.stderr)
     assert gpus_free_again()
+
+
+def test_a_killed_controller_takes_its_actor_with_it_and_the_engine_stops_within_the_grace(cluster, tmp_path):
+    up, url, placed, job_dir = up_ready(cluster, tmp_path)
+    up.kill()  # SIGKILL: no goodbye; Ray ends the actors of a driver that died
+    killed_at = time.monotonic()
+    wait_stopped(job_dir, killed_at)
+    assert health(url) is None
+    events = (job_dir / "events.jsonl").read_text()
+    assert "the controller has been gone for" in events
+    assert events.splitlines()[-1] == '{"k":"exit","code":0}'
+    assert gpus_free_again(30), "the actor outlived its controller, holding the GPUs"
+
+
+def test_ctrl_c_here_stops_the_engine_there_through_the_actor(cluster, tmp_path):
+    up, url, _placed, job_dir = up_ready(cluster, tmp_path)
+    try:
+        up.interrupt()
+        code = up.finish(60)
+    finally:
+        up.kill()
+    assert code == 0, up.stdout + up.stderr
+    assert "stopping…" in up.out
+    assert not worker_alive(job_dir) and health(url) is None
+    assert (job_dir / "events.jsonl").read_text().splitlines()[-1] == '{"k":"exit","code":0}'
+    no_traceback(up.stderr)
+    assert gpus_free_again()
+
+
+EXPERIMENT = """\
+name: ray-cells
+trials: 1
+verify: {{enabled: false}}
+bench: {{single_requests: 3, max_tokens: 8, sweep: false}}
+cells:
+  - {{name: here, url: "{url}"}}
+  - {{name: there, url: "{url}", on: "ray:GPU=8"}}
+"""
+
+
+def test_an_experiment_cell_placed_on_a_ray_node_is_measured_there_and_comes_back(cluster, tmp_path):
+    exp = tmp_path / "exp.yaml"
+    with start_calibration_server(Script(ttft_ms=5, itl_ms=2, output_tokens=8)) as cal:
+        exp.write_text(EXPERIMENT.format(url=cal.url))
+        code, done = run(["run", str(exp), "--out", str(tmp_path / "runs"), "--reruns", "0"], cluster.env,
+                         tmp_path, timeout=240)
+    assert code == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    state = json.loads(next((tmp_path / "runs").glob("*-ray-cells/experiment.json")).read_text())
+    cells = {c["name"]: c for c in state["cells"]}
+    assert cells["here"]["status"] == cells["there"]["status"] == "complete"
+    there = RunSummary.model_validate_json((Path(cells["there"]["run_dir"]) / "summary.json").read_text())
+    assert there.provenance.ran_on == "ray:GPU=8"
+    assert [t.status for t in there.trials] == ["complete"]
+    assert there.trials[0].steps[0].result.levels[0].ok == 3
+    assert list(Path(cells["there"]["run_dir"]).glob("records.jsonl*")), "the cell's records did not come back"
+    # The far side's job, under the root the cluster was started with: a one-cell `servelab run` there.
+    (job,) = cluster.far_root.iterdir()
+    assert json.loads((job / "job.json").read_text())["argv"][0] == "run"
+    assert gpus_free_again()
+
+
+def test_no_cluster_at_the_address_is_one_line_at_once(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port of 127.0.0.1 that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    code, bench = run(["bench", "http://127.0.0.1:9", "--on", "ray:GPU=1", "--out", str(tmp_path)],
+                      {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}"}, tmp_path, timeout=120)
+    assert code == 2, bench.stdout + bench.stderr
+    (error,) = [line for line in bench.err if line.strip()] or [""]
+    assert error.startswith(f"error: no Ray cluster to place ray:GPU=1 on: nothing answers at 127.0.0.1:{port} "), \
+        bench.stderr
+    assert "ray start --head" in error
+    assert time.monotonic() - started < 60  # Ray's own connect would retry for minutes

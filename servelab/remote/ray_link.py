@@ -41,6 +41,7 @@ from servelab.remote.placement import RayPlacement
 NAMESPACE = "servelab"  # the actors' namespace: `ray list actors` shows them as servelab-link-…
 PLACE_WAIT_VAR = "SERVELAB_RAY_PLACE_WAIT_S"
 PLACE_WAIT_S = 60.0
+JOIN_WAIT_S = 60.0  # joining the cluster, at most
 CALL_TIMEOUT_S = 30.0  # an actor that has not answered a call by then is as good as a dropped link
 READ_WAIT_S = 1.0  # how long one read waits there for new bytes (a long poll)
 CHUNK = 1 << 20  # bytes per read at most
@@ -380,12 +381,29 @@ class RayLink:
         if ray.is_initialized():
             return
         address = os.environ.get("RAY_ADDRESS") or "auto"
-        try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        except Exception as exc:  # noqa: BLE001 - Ray raises many kinds for "no cluster there"
-            raise UserError(f"no Ray cluster to place {self.target} on (address {address!r}): {_first_line(exc)}",
-                            hint="start one (`ray start --head`, then `ray start --address HEAD:6379` on each "
-                                 "GPU node) or set RAY_ADDRESS to its address") from None
+        hint = ("start one (`ray start --head`, then `ray start --address HEAD:6379` on each GPU node) or set "
+                "RAY_ADDRESS to its address")
+        # Ray's own connect retries a GCS that does not answer for minutes: a port nobody listens on is said at
+        # once, and a connect that hangs anyway (a firewall dropping packets) is given JOIN_WAIT_S
+        if why := _unreachable(address):
+            raise UserError(f"no Ray cluster to place {self.target} on: {why}", hint=hint)
+        outcome: list[BaseException | None] = []
+
+        def join() -> None:
+            try:
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - Ray raises many kinds for "no cluster there"
+                outcome.append(exc)
+
+        joining = threading.Thread(target=join, daemon=True, name="ray-init")
+        joining.start()
+        joining.join(JOIN_WAIT_S)
+        if not outcome:
+            raise UserError(f"the Ray cluster at {address!r} did not answer within {JOIN_WAIT_S:g} s", hint=hint)
+        if outcome[0] is not None:
+            raise UserError(f"no Ray cluster to place {self.target} on (address {address!r}): "
+                            f"{_first_line(outcome[0])}", hint=hint)
         self._started_ray = True
 
     def _check_feasible(self) -> None:
@@ -480,6 +498,30 @@ class RayLink:
             with contextlib.suppress(Exception):
                 self.ray.shutdown()
             self._started_ray = False
+
+
+def _unreachable(address: str) -> str | None:
+    """Why nothing can answer at the cluster's address (RAY_ADDRESS's, or the one `ray start` left in Ray's temp
+    directory for "auto"); None when something listens there, or when the address is not one to probe here (a
+    Ray client's ray://, or a Ray whose private helper moved: ray.init then says what it finds)."""
+    import socket
+
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        resolved = canonicalize_bootstrap_address(address)
+    except Exception:  # noqa: BLE001 - "auto" with no cluster here: ray.init's own message says so
+        return None
+    if not resolved or "://" in resolved:
+        return None
+    host, _, port = resolved.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except ValueError:
+        return None
+    except OSError as exc:
+        return f"nothing answers at {resolved} ({exc.strerror or exc})"
+    return None
 
 
 def _place_wait_s() -> float:
