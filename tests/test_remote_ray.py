@@ -259,3 +259,23 @@ def test_no_cluster_at_the_address_is_one_line_at_once(tmp_path):
         bench.stderr
     assert "ray start --head" in error
     assert time.monotonic() - started < 60  # Ray's own connect would retry for minutes
+
+
+def test_the_link_carries_stdin_and_a_stream_larger_than_a_read_whole_and_in_order(cluster):
+    """What `start` (stdin) and `pack` (a stream of many reads) rely on, through the actor."""
+    import hashlib
+    import sys
+
+    write = ("import sys, hashlib; data = b''.join(hashlib.sha256(str(i).encode()).digest() for i in range(100000));"
+             " sys.stdout.buffer.write(data); sys.stderr.write('done')")
+    with RayLink.open(RayPlacement.parse("ray:GPU=1")) as link:
+        echoed = link.run([sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read()[::-1])"],
+                          stdin=b"alive\nstop\n")
+        assert (echoed.returncode, echoed.stdout) == (0, b"\npots\nevila")
+        proc = link.popen([sys.executable, "-c", write])
+        proc.stdin.close()
+        received = proc.stdout.read()
+        assert proc.wait(30) == 0 and proc.stderr.read() == b"done"
+    expected = b"".join(hashlib.sha256(str(i).encode()).digest() for i in range(100000))
+    assert len(received) == 3_200_000 and received == expected  # three full reads and a part, none lost or doubled
+    assert gpus_free_again()

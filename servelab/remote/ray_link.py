@@ -95,6 +95,7 @@ class _Stream:
         self.base = 0  # the offset of buffer[0]
         self.stderr = bytearray(error)
         self.done = proc is None
+        self.abandoned = False  # killed from this side: nobody reads the rest
         self.code: int | None = 127 if proc is None else None
         self.changed = threading.Condition()
         if proc is not None:
@@ -113,9 +114,10 @@ class _Stream:
         assert self.proc is not None and self.proc.stdout is not None
         while chunk := self.proc.stdout.read1(65536):
             with self.changed:
-                while len(self.buffer) > BUFFERED_MAX and not self.done:
+                while len(self.buffer) > BUFFERED_MAX and not self.abandoned:
                     self.changed.wait(1.0)
-                self.buffer += chunk
+                if not self.abandoned:
+                    self.buffer += chunk
                 self.changed.notify_all()
         code = self.proc.wait()
         self._err.join(10)
@@ -153,6 +155,8 @@ class _Stream:
             with contextlib.suppress(OSError):
                 self.proc.kill()
         with self.changed:
+            self.abandoned = True
+            self.buffer.clear()
             self.changed.notify_all()
 
 
@@ -216,7 +220,9 @@ class LinkActor:
             stream.close_stdin()
 
     def kill(self, sid: str) -> None:
-        if (stream := self._streams.get(sid)) is not None:
+        with self._lock:
+            stream = self._streams.pop(sid, None)
+        if stream is not None:
             stream.kill()
 
 
