@@ -135,6 +135,8 @@ def diagnose(*, pid: int | None = None, log: Path | None = None, url: str | None
                 return _gone(adapter, live_pid, log, url, samples=sampler.samples)
             if probe_state == "ready" or now >= seconds:
                 break  # a ready answer is the verdict: no need to watch the rest of the window
+            if probe_state == "down" and live_pid is None and tailer is None:
+                break  # a refused URL with no process or log to watch: the window would only repeat the refusal
             time.sleep(interval_s)
     finally:
         sampler.close()
