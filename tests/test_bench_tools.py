@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +27,7 @@ from servelab.bench.workloads.tools import BUILTIN_TOOLS
 from servelab.errors import UserError
 from servelab.models import resolve_model
 from servelab.records import RequestRecord, ToolCall
-from tests.conftest import _wait_health, free_port
+from tests.conftest import embedded_argv, running_engine
 
 HERE = Path(__file__).resolve().parent
 WEATHER = '{"city": "Paris", "unit": "celsius"}'
@@ -223,24 +219,10 @@ def test_tool_and_format_options_are_refused_in_one_line(tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def tools_engine(tmp_path_factory):
-    model = resolve_model("smollm2")
-    port = free_port()
     log = tmp_path_factory.mktemp("tools-engine") / "engine.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, str(HERE / "llamacpp_tools_server.py"), "--model", str(model.path), "--port", str(port),
-             "--parallel", "2", "--threads", "2", "--ctx-size", "2048", "--alias", model.served_name],
-            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_health(url, proc)
-        yield {"url": url, "model": model.served_name}
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
+    with running_engine(embedded_argv("--ctx-size", "2048", parallel=2, launcher="llamacpp_tools_server.py"),
+                        log) as url:
+        yield {"url": url, "model": resolve_model("smollm2").served_name}
 
 
 def stored_records(run_dir: Path) -> list[dict]:

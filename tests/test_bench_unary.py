@@ -114,34 +114,14 @@ def test_rerank_against_llama_cpp_without_a_reranker_is_refused_in_one_line(pool
 def rerank_engine(tmp_path_factory):
     """llama.cpp with SmolLM2 and rank pooling (llama-server's --reranking): it serves /v1/rerank. SmolLM2 is no
     reranker (llama.cpp scores with its output layer), so the scores mean nothing; the interface is llama.cpp's own."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from conftest import _wait_health, free_port
+    from conftest import embedded_argv, running_engine
 
     from servelab.models import resolve_model
 
-    model = resolve_model("smollm2")
-    port = free_port()
     log = tmp_path_factory.mktemp("rerank") / "engine.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve().parent / "llamacpp_pooled_server.py"), "--reranking",
-             "--model", str(model.path), "--port", str(port), "--parallel", "2", "--threads", "2", "--ctx-size",
-             "2048", "--alias", model.served_name], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_health(url, proc)
-        yield {"url": url, "model": model.served_name}
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
+    with running_engine(embedded_argv("--reranking", "--ctx-size", "2048", parallel=2,
+                                      launcher="llamacpp_pooled_server.py"), log) as url:
+        yield {"url": url, "model": resolve_model("smollm2").served_name}
 
 
 @pytest.mark.engine

