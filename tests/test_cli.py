@@ -81,7 +81,10 @@ def test_up_reports_an_engine_that_dies_during_start_up(tmp_path: Path) -> None:
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(600)  # three trials per cell: ~2 minutes on a quiet 2-core machine, more on a busy one
+# The slow tier (CI runs it): three trials per cell, about a minute on a quiet 2-core machine, more on a busy one;
+# the default suite starts `run` for real in the Ctrl-C test below
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_run_end_to_end_is_the_head_to_head_with_a_verdict(tmp_path: Path) -> None:
     """The default `servelab run` (three interleaved trials per cell), with short settings: misconfigured (one
     slot) against well configured."""

@@ -107,6 +107,8 @@ def test_contention_that_does_not_pass_stops_the_experiment_naming_the_process(t
     assert records.is_file() and records.stat().st_size > 0
 
 
+# The slow tier (CI runs it): a hog for 7 s, then the wait and the rerun, ~20 s on two busy cores
+@pytest.mark.slow
 def test_a_contended_trial_runs_again_once_the_machine_is_quiet(tmp_path: Path, calibration) -> None:
     # the hog spins for the first trial's single level and a little longer, then exits: the trial is stopped,
     # the wait sees the machine quiet, and the round runs again as a trial of its own that pairs with round 0
@@ -197,6 +199,8 @@ def test_the_guard_stops_when_most_of_the_plan_was_contended_and_never_with_reru
     assert not any(off.after_contended("a", i, [], None, "t", said.append) for i in range(5))
 
 
+# The slow tier (CI runs it): every trial run to its end under a hog, ~14 s on two busy cores
+@pytest.mark.slow
 def test_reruns_0_runs_every_trial_to_its_end_and_only_leaves_the_contended_out(tmp_path: Path,
                                                                                   calibration) -> None:
     path = tmp_path / "busy.yaml"

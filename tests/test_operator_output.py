@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from servelab.lifecycle.launch import LaunchStatus
@@ -22,6 +23,7 @@ SERVELAB = [PY, "-m", "servelab.cli"]
 STAMP = re.compile(r"^\[\s*([\d.]+)s\] (.*)$")
 
 
+@pytest.mark.slow  # 16 s of replayed start-up by design (a heartbeat every 10 s needs more than 10 s); CI runs it
 def test_up_into_a_file_prints_a_status_line_at_least_every_10_s(tmp_path: Path) -> None:
     """The replayed SGLang start-up at speed 20: 12.6 s of weight loading with one log line, 16 s in all. A file
     gets a line when the phase changes and a heartbeat with the evidence in between, never 10 s of silence."""
