@@ -243,7 +243,10 @@ class _StdinRelay:
     def write(self, data: bytes) -> int:
         if self.closed:
             raise OSError("closed")
-        self.actor.write.remote(self.sid, bytes(data))
+        try:
+            self.actor.write.remote(self.sid, bytes(data))
+        except Exception as exc:  # noqa: BLE001 - Ray's, for an actor it knows is gone: a write that failed
+            raise OSError(str(exc)) from None
         return len(data)
 
     def flush(self) -> None:
