@@ -135,3 +135,51 @@ def test_attach_refuses_a_ray_placement_and_says_how_to_reach_the_node():
     with pytest.raises(UserError, match="attach follows a job over ssh:// only") as raised:
         attach("ray:GPU=8", "/root/.servelab/remote/x", RemoteOptions(), None, None, None)
     assert "servelab attach ssh://NODE JOB_DIR" in raised.value.hint
+
+
+class _Nodes:
+    """Ray's `nodes()`, as much of it as the feasibility check reads."""
+
+    def __init__(self, *nodes: tuple[bool, dict[str, float]]):
+        self._nodes = [{"Alive": alive, "Resources": resources} for alive, resources in nodes]
+
+    def nodes(self):
+        return self._nodes
+
+
+def _feasibility(spec: str, ray) -> None:
+    from servelab.remote.ray_link import RayLink
+
+    link = RayLink.__new__(RayLink)  # no Ray here: only the check, against the nodes given
+    link.target, link.ray = RayPlacement.parse(spec), ray
+    link._check_feasible()
+
+
+CLUSTER = _Nodes((True, {"CPU": 64, "GPU": 8, "memory": 1e12}),
+                 (True, {"CPU": 16, "GPU": 4, "accelerator_type:H100": 1}),
+                 (False, {"CPU": 256, "GPU": 16, "accelerator_type:B200": 1}))  # dead: counts for nothing
+
+
+@pytest.mark.parametrize("spec", ["ray:GPU=8", "ray:GPU=4,accelerator_type:H100=1", "ray:GPU=0.5,CPU=64"])
+def test_a_placement_some_live_node_can_hold_passes_the_check(spec):
+    _feasibility(spec, CLUSTER)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("ray:GPU=16", "no node of the Ray cluster has GPU=16 (2 nodes; the most any has: GPU=8)"),
+    ("ray:GPU=8,accelerator_type:B200=1",
+     "no node of the Ray cluster has accelerator_type:B200=1 (2 nodes; the most any has: accelerator_type:B200=0)"),
+    ("ray:CPU=100,GPU=9", "no node of the Ray cluster has CPU=100, GPU=9 (2 nodes; the most any has: CPU=64, GPU=8)"),
+    ("ray:GPU=8,accelerator_type:H100=1",
+     "no node of the Ray cluster has all of ray:GPU=8,accelerator_type:H100=1 at once (each resource is on some "
+     "node, not all of them on one)"),
+])
+def test_a_placement_no_live_node_can_hold_says_which_resources_at_once(spec, message):
+    with pytest.raises(UserError) as raised:
+        _feasibility(spec, CLUSTER)
+    assert raised.value.message == message
+
+
+def test_a_cluster_with_no_live_node_holds_nothing():
+    with pytest.raises(UserError, match=r"has GPU=1 \(0 nodes; the most any has: GPU=0\)"):
+        _feasibility("ray:GPU=1", _Nodes((False, {"GPU": 8})))
