@@ -283,7 +283,7 @@ class RayProcess:
                     data, ended, status, stderr = self.link.get(
                         self.actor.read.remote(self.sid, offset, READ_WAIT_S, CHUNK),
                         READ_WAIT_S + CALL_TIMEOUT_S, self._stopping)
-                except _LinkDown:
+                except Exception:  # noqa: BLE001 - _LinkDown, or Ray's own at once (its runtime shut down): gone
                     break
                 view = memoryview(data)
                 while view:
