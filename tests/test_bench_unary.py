@@ -332,8 +332,9 @@ def test_a_trial_without_usage_leaves_the_pooled_input_tokens_per_second_not_mea
 
 
 @pytest.mark.parametrize("options,said", [
-    ({"endpoint": "embeddings", "mode": "sweep"}, "--endpoint embeddings runs in --mode single, concurrency, rate or "
-                                                   "burst, not sweep"),
+    ({"endpoint": "embeddings", "mode": "multiturn"}, "--endpoint embeddings runs in --mode single, concurrency, "
+                                                       "rate, burst, sweep, rate-sweep or slo-search, not multiturn: "
+                                                       "conversations and traces are chat"),
     ({"endpoint": "rerank", "batch_size": 4}, "--batch-size applies to --endpoint embeddings"),
     ({"endpoint": "embeddings", "documents": 4}, "--documents applies to --endpoint rerank"),
     ({"batch_size": 4}, "--batch-size applies to --endpoint embeddings"),
@@ -491,3 +492,58 @@ def test_vllms_pooling_runner_serves_both_workloads_checked_and_counted(vllm_poo
         # vLLM reports usage on both: input tok/s is its prompt tokens over the window
         prompt = sum(r.usage.prompt_tokens for r in measured)
         assert level.figures["input_tok_s"].value * level.window_s == pytest.approx(prompt, rel=1e-9)
+
+
+# ---- the ladders and the search: items/s where streams have output tok/s ---------------------------------------
+
+
+@pytest.mark.engine
+def test_an_embeddings_sweep_on_the_real_engine_climbs_on_items_per_second(pooled_engine):
+    records: list[RequestRecord] = []
+    result = run(pooled_engine["url"], EmbeddingsWorkload(batch=2, input_tokens=parse_length(12)), records,
+                 mode="sweep", max_concurrency=2, level_duration_s=1.0, warmup=0)
+    assert [lv.tag for lv in result.levels][0] == "c1" and result.stop_reason, result.stop_reason
+    for level in result.levels:
+        assert level.failed == 0 and "output_tok_s" not in level.figures
+        check_level_against_records(level, [r for r in records if r.tag == level.tag and not r.warmup])
+    best = max(result.levels, key=lambda lv: lv.figures["items_s"].value)
+    head = result.headline
+    assert head["peak.items_s"].value == best.figures["items_s"].value
+    assert head["peak.concurrency"].value == best.concurrency
+    assert "peak.output_tok_s" not in head and "single.items_s" in head  # c1 is the single stream of a sweep
+
+
+def queueing_embeddings(per_request_ms: float) -> web.Application:
+    """Embeddings whose latency grows with the requests in flight: each waits `per_request_ms` for every request
+    in flight with it, as a server that runs them one after another would."""
+    import asyncio
+
+    in_flight = {"n": 0}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        in_flight["n"] += 1
+        try:
+            await asyncio.sleep(per_request_ms * in_flight["n"] / 1000)
+        finally:
+            in_flight["n"] -= 1
+        return web.json_response(embeddings_body(body["input"]))
+
+    return FakeOpenAI(embeddings=handler).app()
+
+
+def test_an_slo_search_over_concurrency_finds_where_embeddings_latency_breaks_its_target():
+    # c streams wait ~c x 25 ms: a p99 target of 90 ms holds at 1, 2 and 3 streams, never at 4
+    opts = build_options(BenchArgs(endpoint="embeddings", mode="slo-search", search="concurrency",
+                                   slo="e2e_p99_ms=90", max_concurrency=8, duration=0.5, warmup=0, min_requests=5,
+                                   tokenizer="none", gpu=False))
+    with serving(queueing_embeddings(25)) as url:
+        result = bench(url, opts)
+    search = result.search
+    assert search["dimension"] == "concurrency" and 1 <= search["best"] <= 3, search
+    assert search["lowest_failing"] is not None and search["best"] < search["lowest_failing"] <= 8, search
+    head = result.headline
+    assert head["slo.max_concurrency"].value == search["best"]
+    level = next(lv for lv in result.levels if lv.concurrency == search["best"] and lv.slo["passed"])
+    assert head["slo.items_s"].value == level.figures["items_s"].value
+    assert "slo.output_tok_s" not in head

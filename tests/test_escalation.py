@@ -40,3 +40,18 @@ def test_failures_stop_even_a_listed_ladder_and_nothing_else_does() -> None:
     assert rule.stop_reason(level(100, rate=1)) is None
     assert rule.stop_reason(level(50, rate=2)) is None and rule.stop_reason(level(40, rate=4)) is None
     assert rule.stop_reason(level(0, rate=8, ok=1, failed=3)) == "more than half the requests failed at 8 req/s"
+
+
+def unary(items_s: float, *, concurrency: int):
+    """A non-streamed level (embeddings, rerank): items/s and no output tok/s figure at all."""
+    return SimpleNamespace(figures={"items_s": SimpleNamespace(value=items_s)}, concurrency=concurrency, rate=None,
+                           ok=10, failed=0, steady=None, slo=None)
+
+
+def test_a_non_streamed_ladder_climbs_on_items_per_second() -> None:
+    rule = Escalation(min_gain=0.03, patience=1, where=lambda s: f"concurrency {s.concurrency}",
+                      higher="a higher concurrency would be slower still")
+    assert rule.stop_reason(unary(40, concurrency=1)) is None
+    assert rule.stop_reason(unary(70, concurrency=2)) is None  # growth: the best is now c2
+    assert rule.stop_reason(unary(71, concurrency=4)) == \
+        "items/s stopped growing: 1 level(s) up to concurrency 4 were not 3% above 70.0 at concurrency 2"

@@ -81,7 +81,7 @@ def slo_answer(result: BenchResult) -> dict[str, Figure]:
         value=search["best"], unit="req/s" if by_rate else "streams", definition="slo-search",
         note=f"targets {search['targets']}; lowest failing: {search.get('lowest_failing')}")
     if level is not None:
-        for key in ("goodput_req_s", "output_tok_s", "request_s"):
+        for key in ("goodput_req_s", "output_tok_s", "items_s", "request_s"):
             if key in level.figures:
                 out[f"slo.{key}"] = level.figures[key]
     return out

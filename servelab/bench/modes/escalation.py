@@ -5,8 +5,9 @@ After each level, the ladder stops when:
 - more than half the level's requests failed;
 - the level was not measured (a higher load would not be either);
 - the level broke its latency targets (only a level with targets has a verdict);
-- `patience` levels in a row did not beat the best output tok/s so far by `min_gain` (one noisy level is not a
-  plateau).
+- `patience` levels in a row did not beat the best throughput so far by `min_gain` (one noisy level is not a
+  plateau). Throughput is output tok/s; for non-streamed work (embeddings, rerank), which has no output tokens,
+  items/s (docs/metrics.md#peak-items-s).
 A ladder of loads given as a list (`fixed`) runs every one of them, stopping only on the first rule.
 """
 
@@ -39,16 +40,30 @@ class Escalation:
             return f"{self.where(level)} was not measured ({level.steady.reason}); {self.higher}"
         if level.slo is not None and not level.slo["passed"]:
             return f"the latency targets broke at {self.where(level)}"
-        tput = level.figures["output_tok_s"].value or 0.0
+        key, name = throughput_of(level)
+        tput = _value(level, key)
         best = self.best
-        best_tput = (best.figures["output_tok_s"].value or 0.0) if best is not None else 0.0
+        best_tput = _value(best, key) if best is not None else 0.0
         if best is not None and tput < best_tput * (1 + self.min_gain):
             self.flat += 1
             if self.flat >= self.patience:
-                return (f"output tok/s stopped growing: {self.flat} level(s) up to {self.where(level)} were not "
+                return (f"{name} stopped growing: {self.flat} level(s) up to {self.where(level)} were not "
                         f"{self.min_gain:.0%} above {best_tput:.1f} at {self.where(best)}")
         else:
             self.flat = 0
         if best is None or tput > best_tput:
             self.best = level
         return None
+
+
+def throughput_of(level: Summary) -> tuple[str, str]:
+    """The figure a ladder climbs on, and its name: output tok/s, or items/s for a non-streamed level (which has
+    no output tokens, so no output tok/s figure at all)."""
+    if "output_tok_s" not in level.figures and "items_s" in level.figures:
+        return "items_s", "items/s"
+    return "output_tok_s", "output tok/s"
+
+
+def _value(level: Summary, key: str) -> float:
+    figure = level.figures.get(key)
+    return (figure.value or 0.0) if figure is not None else 0.0

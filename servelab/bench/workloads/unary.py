@@ -208,7 +208,8 @@ async def _post(session: aiohttp.ClientSession, base_url: str, path: str, body: 
 
 
 UNARY_ENDPOINTS = ("embeddings", "rerank")
-UNARY_MODES = ("single", "concurrency", "rate", "burst")
+# Conversations and traces are chat; every other mode runs non-streamed work too (the ladders climb on items/s)
+UNARY_MODES = ("single", "concurrency", "rate", "burst", "sweep", "rate-sweep", "slo-search")
 MAX_ITEMS = 4096  # inputs or documents per request: more than any engine batches at once
 
 
@@ -224,8 +225,7 @@ def build_unary_workload(a: Any) -> EmbeddingsWorkload | RerankWorkload:
         raise UserError(f"{given} applies to --endpoint {'embeddings' if given == '--batch-size' else 'rerank'}")
     if a.mode not in UNARY_MODES:
         raise UserError(f"--endpoint {endpoint} runs in --mode {', '.join(UNARY_MODES[:-1])} or {UNARY_MODES[-1]}, "
-                        f"not {a.mode}: the sweeps and searches stop on output tok/s, which non-streamed requests "
-                        f"do not have")
+                        f"not {a.mode}: conversations and traces are chat")
     if endpoint == "embeddings" and a.documents is not None:
         raise UserError("--documents applies to --endpoint rerank (embeddings: --batch-size)")
     if endpoint == "rerank" and a.batch_size is not None:
