@@ -129,7 +129,9 @@ def test_an_event_that_arrives_while_the_client_is_busy_keeps_its_arrival_time(c
     assert len(errors_ms) == 4
     late = max(errors_ms)
     if kernel_stamps == "1":
-        assert late < 2.0, errors_ms
+        # within a few ms of the server's own stamps (a busy 2-core box once put 2.2 ms between an event's stamp and
+        # its delivery, on an event the block did not touch); the blocked one would be tens of ms late
+        assert late < 5.0, errors_ms
     else:
         assert late > 10.0, errors_ms  # the read came only when the loop was free again
 
