@@ -38,6 +38,9 @@ def test_single_stream_counts_equal_server_usage(embedded_server) -> None:
     assert result.headline["single.decode_tok_s"].counted_by == "server_per_chunk"
 
 
+# The slow tier (CI runs it): each level runs on until it is steady, ~11 s; the default suite sweeps the real engine
+# in the API's documented example (tests/test_api.py) and the embeddings ladder (tests/test_bench_unary.py)
+@pytest.mark.slow
 def test_sweep_finds_a_peak_at_least_the_single_stream_rate(embedded_server) -> None:
     # two levels of 1.5 s (each runs on until it is steady): what is checked holds from the second level on
     result = bench(embedded_server["url"], BenchOptions(mode="sweep", level_duration_s=1.5, max_concurrency=2,

@@ -34,6 +34,8 @@ def servelab(*args: str, env: dict[str, str], cwd: Path, timeout: float = 240) -
                           text=True, timeout=timeout)
 
 
+# The slow tier (CI runs it): a two-cell experiment, one cell through sshd, ~20 s on two cores
+@pytest.mark.slow
 def test_a_cell_on_another_host_is_measured_there_and_compared_here(ssh_host, tmp_path: Path) -> None:
     exp = tmp_path / "exp.yaml"
     exp.write_text(EXPERIMENT.format(url=ssh_host.url))  # a bare `on:` key, as people write it

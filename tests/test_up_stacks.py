@@ -56,6 +56,9 @@ def test_a_stall_verdict_ends_with_what_the_stacks_showed(tmp_path):
     assert STALL_BUDGET_S <= verdict.evidence["quiet_s"] < STALL_BUDGET_S + 3
 
 
+# The slow tier (CI runs it): two stalled start-ups through the CLI, ~14 s; the default suite judges a stall with
+# and without stacks through start_engine (the tests around this one)
+@pytest.mark.slow
 def test_up_prints_the_stacks_of_a_stall_and_no_stacks_skips_them(tmp_path):
     base = [sys.executable, "-m", "servelab.cli", "up", "replay-sglang", "--option", "variant=hang-in-load",
             "--option", "speed=200", "--stall-budget", str(STALL_BUDGET_S), "--log-dir", str(tmp_path)]
