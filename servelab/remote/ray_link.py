@@ -36,31 +36,18 @@ from typing import Any
 
 from servelab.errors import UserError
 from servelab.remote.link import LINK_FAILED
+from servelab.ray_support import first_line
+from servelab.ray_support import import_ray, join
 from servelab.remote.placement import RayPlacement
 
 NAMESPACE = "servelab"  # the actors' namespace: `ray list actors` shows them as servelab-link-…
 PLACE_WAIT_VAR = "SERVELAB_RAY_PLACE_WAIT_S"
 PLACE_WAIT_S = 60.0
-JOIN_WAIT_S = 60.0  # joining the cluster, at most
 CALL_TIMEOUT_S = 30.0  # an actor that has not answered a call by then is as good as a dropped link
 READ_WAIT_S = 1.0  # how long one read waits there for new bytes (a long poll)
 CHUNK = 1 << 20  # bytes per read at most
 BUFFERED_MAX = 64 << 20  # bytes a stream holds there unread before its command is made to wait
 STDERR_MAX = 64 << 10
-
-
-def _import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise UserError("--on ray:… needs Ray, which is not installed here",
-                        hint="pip install 'servelab[ray]' (and servelab on every node of the cluster)") from None
-    return ray
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 
 # ---- the far side: the actor and its streams -------------------------------------------------------------------
@@ -325,7 +312,7 @@ class RayLink:
 
     def __init__(self, placement: RayPlacement):
         self.target = placement
-        self.ray = _import_ray()
+        self.ray = import_ray()
         self.actor: Any = None
         self.name = f"servelab-link-{uuid.uuid4().hex[:12]}"
         self.node: dict[str, Any] = {}
@@ -366,7 +353,7 @@ class RayLink:
             self.actor = actor_class.options(name=self.name, namespace=NAMESPACE,
                                              **self.target.actor_options()).remote()
         except Exception as exc:  # noqa: BLE001 - Ray refuses options of many kinds
-            raise UserError(f"Ray refused an actor for {self.target}: {_first_line(exc)}") from None
+            raise UserError(f"Ray refused an actor for {self.target}: {first_line(exc)}") from None
         where = self.actor.where.remote()
         wait_s = _place_wait_s()
         ready, _ = ray.wait([where], timeout=wait_s)
@@ -379,7 +366,7 @@ class RayLink:
             self.node = ray.get(where)
         except Exception as exc:  # noqa: BLE001 - the actor could not start there (servelab missing on the node)
             self._kill_actor()
-            raise UserError(f"the Ray actor for {self.target} did not start on its node: {_first_line(exc)}",
+            raise UserError(f"the Ray actor for {self.target} did not start on its node: {first_line(exc)}",
                             hint="servelab must be installed on every node of the cluster, in the same Python "
                                  "version (pip install 'servelab[ray]')") from None
 
@@ -392,27 +379,7 @@ class RayLink:
         address = os.environ.get("RAY_ADDRESS") or "auto"
         hint = ("start one (`ray start --head`, then `ray start --address HEAD:6379` on each GPU node) or set "
                 "RAY_ADDRESS to its address")
-        # Ray's own connect retries a GCS that does not answer for minutes: a port nobody listens on is said at
-        # once, and a connect that hangs anyway (a firewall dropping packets) is given JOIN_WAIT_S
-        if why := _unreachable(address):
-            raise UserError(f"no Ray cluster to place {self.target} on: {why}", hint=hint)
-        outcome: list[BaseException | None] = []
-
-        def join() -> None:
-            try:
-                ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-                outcome.append(None)
-            except BaseException as exc:  # noqa: BLE001 - Ray raises many kinds for "no cluster there"
-                outcome.append(exc)
-
-        joining = threading.Thread(target=join, daemon=True, name="ray-init")
-        joining.start()
-        joining.join(JOIN_WAIT_S)
-        if not outcome:
-            raise UserError(f"the Ray cluster at {address!r} did not answer within {JOIN_WAIT_S:g} s", hint=hint)
-        if outcome[0] is not None:
-            raise UserError(f"no Ray cluster to place {self.target} on (address {address!r}): "
-                            f"{_first_line(outcome[0])}", hint=hint)
+        join(ray, address, str(self.target), hint)
         self._started_ray = True
 
     def _check_feasible(self) -> None:
@@ -448,10 +415,10 @@ class RayLink:
                 try:
                     return ray.get(ref)
                 except ray.exceptions.ActorDiedError as exc:
-                    self._dead = _first_line(exc)
+                    self._dead = first_line(exc)
                     raise _LinkDown(self._dead) from None
                 except ray.exceptions.RayError as exc:
-                    raise _LinkDown(_first_line(exc)) from None
+                    raise _LinkDown(first_line(exc)) from None
             if (stop is not None and stop.is_set()) or time.monotonic() > deadline:
                 raise _LinkDown("no answer")
 
@@ -507,30 +474,6 @@ class RayLink:
             with contextlib.suppress(Exception):
                 self.ray.shutdown()
             self._started_ray = False
-
-
-def _unreachable(address: str) -> str | None:
-    """Why nothing can answer at the cluster's address (RAY_ADDRESS's, or the one `ray start` left in Ray's temp
-    directory for "auto"); None when something listens there, or when the address is not one to probe here (a
-    Ray client's ray://, or a Ray whose private helper moved: ray.init then says what it finds)."""
-    import socket
-
-    try:
-        from ray._private.services import canonicalize_bootstrap_address
-
-        resolved = canonicalize_bootstrap_address(address)
-    except Exception:  # noqa: BLE001 - "auto" with no cluster here: ray.init's own message says so
-        return None
-    if not resolved or "://" in resolved:
-        return None
-    host, _, port = resolved.rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
-    except ValueError:
-        return None
-    except OSError as exc:
-        return f"nothing answers at {resolved} ({exc.strerror or exc})"
-    return None
 
 
 def _place_wait_s() -> float:

@@ -18,15 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from servelab.errors import UserError
-
-
-def _import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise UserError("--ray needs Ray, which is not installed", hint="pip install 'servelab[ray]'") from None
-    return ray
+from servelab.ray_support import first_line, import_ray, join
 
 
 class _WorkerActor:
@@ -44,7 +36,7 @@ class RayActors:
 
     def __init__(self, address: str = "auto"):
         self.address = address
-        self.ray = _import_ray()
+        self.ray = import_ray("--ray", hint="pip install 'servelab[ray]'")
         self.listen_host = "127.0.0.1"
         self.actors: dict[int, Any] = {}
         self.refs: dict[int, Any] = {}
@@ -54,13 +46,8 @@ class RayActors:
         """Join the cluster (unless this process already has), and listen where its nodes can reach us."""
         ray = self.ray
         if not ray.is_initialized():
-            try:
-                ray.init(address=self.address, logging_level="ERROR", log_to_driver=False,
-                         include_dashboard=False)
-            except Exception as exc:  # noqa: BLE001 - Ray raises many kinds for "no cluster there"
-                raise UserError(f"could not join the Ray cluster at {self.address!r}: {type(exc).__name__}: "
-                                f"{str(exc).splitlines()[0] if str(exc) else ''}",
-                                hint="start one with `ray start --head` (README: scaling out)") from None
+            join(ray, self.address, "the workers", "start one with `ray start --head` (README: scaling out)",
+                 include_dashboard=False)
             self._started_ray = True
         self.listen_host = ray.util.get_node_ip_address()
 
@@ -85,7 +72,7 @@ class RayActors:
         try:
             self.ray.get(ref)
         except Exception as exc:  # noqa: BLE001 - the actor's death, as Ray tells it
-            return f"Ray: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            return f"Ray: {first_line(exc)}"[:300]
         return "the actor returned"
 
     def failed(self) -> str | None:
