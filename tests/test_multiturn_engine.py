@@ -37,6 +37,28 @@ def test_multiturn_reports_per_turn_ttft_and_a_cached_share_that_rises(embedded_
         sum(r.usage.cached_tokens for r in measured) / sum(r.usage.prompt_tokens for r in measured))
 
 
+def test_conversations_on_the_responses_and_messages_apis_send_the_chat_endpoints_history(embedded_server) -> None:
+    """The same conversations (one seed) on all three routes: each turn's prompt is the same tokens through
+    llama.cpp's chat template, so the per-turn prompt sizes agree exactly, and the history each turn sends back is
+    the answer the server gave on that route (its cache serves most of the later turns)."""
+    by_endpoint = {}
+    for endpoint in ("chat", "responses", "messages"):
+        records = []
+        opts = build_options(BenchArgs(mode="multiturn", endpoint=endpoint, users=2, turns=3, input_tokens="16",
+                                       prefix_tokens=32, max_tokens=8, warmup=0, seed=7))
+        (level,) = bench(embedded_server["url"], opts, on_record=records.append).levels
+        assert level.ok == 6 and level.failed == 0, level.top_errors
+        assert {r.endpoint for r in records} == {opts.workload.endpoint} and opts.workload.endpoint.endswith(
+            {"chat": "/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}[endpoint])
+        by_endpoint[endpoint] = level.turns
+        for r in records:  # every answer has its text, which the next turn sends back as history on this route
+            assert r.text and r.usage.prompt_tokens is not None
+        assert level.turns[-1].cached_share > 0.6, [t.cached_share for t in level.turns]
+    sizes = {ep: [t.prompt_tokens_mean for t in turns] for ep, turns in by_endpoint.items()}
+    assert sizes["responses"] == sizes["chat"] == sizes["messages"], sizes
+    assert sizes["chat"][2] > sizes["chat"][1] > sizes["chat"][0] + 16, sizes
+
+
 def test_trace_prompts_have_the_traces_lengths_and_share_blocks_where_hash_ids_repeat(embedded_server) -> None:
     records = []
     opts = build_options(BenchArgs(mode="replay", endpoint=None, dataset=SAMPLES / "mooncake-sample.jsonl",

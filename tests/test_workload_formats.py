@@ -218,7 +218,7 @@ def test_bench_options_for_the_new_modes(tmp_path) -> None:
                        (BenchArgs(mode="multiturn", users=2, rate="1"), "not both"),
                        (BenchArgs(mode="replay"), "needs a trace"),
                        (BenchArgs(mode="single", time_scale=2.0), "--time-scale applies"),
-                       (BenchArgs(mode="multiturn", endpoint="completions"), "need --endpoint chat"),
+                       (BenchArgs(mode="multiturn", endpoint="completions"), "need --endpoint chat, responses or messages"),
                        (BenchArgs(mode="multiturn", history="dataset"), "needs a --dataset"),
                        (BenchArgs(mode="multiturn", requests=5), "use --conversations")):
         with pytest.raises(UserError, match=says):

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from servelab.bench.client import RequestSpec
-from servelab.bench.workloads.base import CHAT, Messages, OutputSpec, build_body
+from servelab.bench.workloads.base import CHAT, Messages, OutputSpec, build_body, takes_messages
 from servelab.bench.workloads.dataset import check_unicode, file_sha256, parse_json, read_text
 from servelab.bench.workloads.filler import filler, single_token_words
 from servelab.bench.workloads.lengths import LengthSpec, parse_length
@@ -254,9 +254,9 @@ class ConversationWorkload:
             raise UserError(f"{self.path}: no usable conversations in this file")
         if self.history not in HISTORIES:
             raise UserError(f"unknown history '{self.history}'", hint="use server or dataset")
-        if not self.endpoint.endswith("/chat/completions"):
-            raise UserError("multi-turn conversations are chat messages: they need the chat endpoint",
-                            hint="use --endpoint chat")
+        if not takes_messages(self.endpoint):
+            raise UserError("multi-turn conversations are chat messages: they need an endpoint that takes them",
+                            hint="use --endpoint chat, responses or messages")
 
     async def prepare(self, counter: PromptTokenCounter | None, needed: int | None = None) -> None:
         if self.synthetic is not None:

@@ -55,16 +55,18 @@ def _conversations(a, output: OutputSpec) -> ConversationWorkload:
     if a.requests is not None:
         raise UserError("--requests does not apply to --mode multiturn: a level runs whole conversations",
                         hint="use --conversations N")
-    if a.endpoint not in (None, "chat"):
-        raise UserError("multi-turn conversations are chat messages: they need --endpoint chat")
+    if a.endpoint not in (None, "chat", "responses", "messages"):
+        raise UserError("multi-turn conversations are chat messages: they need --endpoint chat, responses or "
+                        "messages")
     if a.history not in HISTORIES:
         raise UserError(f"unknown --history '{a.history}'", hint="use server (the answers the server gave) or "
                                                                  "dataset (the file's recorded answers)")
     if a.conversations is not None and not 0 < a.conversations <= MAX_CONVERSATIONS:
         raise UserError(f"--conversations must be between 1 and {MAX_CONVERSATIONS:,}")
     think = ThinkTime.parse(a.think_time)
+    # Responses and Messages take the same history, in their own shapes (protocol/dialects/)
     common = dict(history=a.history, think=think, count=a.conversations, output=output, seed=a.seed,
-                  endpoint=CHAT)
+                  endpoint=STREAM_ENDPOINTS.get(a.endpoint or "chat", CHAT))
     if a.dataset is not None:
         if a.prefix_groups is not None or a.prefix_tokens is not None or a.input_tokens is not None \
                 or a.turns != 6:
