@@ -62,13 +62,62 @@ def _here(argv: Sequence[str]) -> list[str]:
     return argv
 
 
-def _signals_as_usual() -> None:
-    """In the child, before it runs: no signal blocked. Ray's threads block SIGINT, and a blocked signal mask is
-    inherited by every process started from them: the detached job would never hear the Ctrl-C its watchdog
-    sends itself when the controller is gone, nor the engine the signals that stop it."""
+@contextlib.contextmanager
+def _signals_as_usual() -> Iterator[None]:
+    """No signal blocked in the processes started within. Ray's threads block SIGINT, and a child inherits the
+    signal mask of the thread that forked it: the detached job would never hear the Ctrl-C its watchdog sends
+    itself when the controller is gone, nor the engine the signals that stop it. The mask is this thread's alone,
+    cleared around the fork and put back after (not a preexec_fn: Python code between fork and exec is unsafe in
+    a process with threads, as the actor is)."""
     import signal
 
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    before = signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+# What Ray sets in its workers' environments for Ray's own sake, and not for the commands the actor starts: the
+# engine and bench there are to run as over SSH. OMP_NUM_THREADS=1 is Ray's for a worker holding no CPU (the
+# actor's default), which would make a CPU engine single-threaded; RAY_* are its workers' bookkeeping.
+_RAYS_OWN = ("OMP_NUM_THREADS",)
+_RAYS_PREFIX = "RAY_"
+
+
+def _node_environ() -> dict[str, str] | None:
+    """The environment the node's raylet runs with (the actor's parent): what the user started Ray with."""
+    try:
+        with open(f"/proc/{os.getppid()}/comm") as comm:
+            if "raylet" not in comm.read():
+                return None
+        with open(f"/proc/{os.getppid()}/environ", "rb") as environ:
+            raw = environ.read()
+    except OSError:
+        return None
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
+def _far_env(gpu_ids: Sequence[Any]) -> dict[str, str]:
+    """The environment of the processes the actor starts: its own, but what Ray added for its workers (kept where
+    the raylet had it too, so the user's); CUDA_VISIBLE_DEVICES as Ray gave it, and empty when the actor holds no
+    GPU (Ray leaves it unset then, and an engine would see every GPU of the node while holding none)."""
+    env = dict(os.environ)
+    node = _node_environ()
+    for key in list(env):
+        if key in _RAYS_OWN or key.startswith(_RAYS_PREFIX):
+            if node is None:
+                if key in _RAYS_OWN and env[key] == "1" or key.startswith(_RAYS_PREFIX) and key != "RAY_ADDRESS":
+                    del env[key]
+            elif node.get(key) != env[key]:
+                if key in node:
+                    env[key] = node[key]
+                else:
+                    del env[key]
+    if not gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
 
 
 class _Stream:
@@ -76,14 +125,14 @@ class _Stream:
     dropped, and a reader that falls BUFFERED_MAX behind holds the command up (its pipe fills), never the
     actor's memory."""
 
-    def __init__(self, proc: subprocess.Popen | None, error: bytes = b""):
+    def __init__(self, proc: subprocess.Popen | None, error: bytes = b"", code: int = 127):
         self.proc = proc
         self.buffer = bytearray()
         self.base = 0  # the offset of buffer[0]
         self.stderr = bytearray(error)
         self.done = proc is None
         self.abandoned = False  # killed from this side: nobody reads the rest
-        self.code: int | None = 127 if proc is None else None
+        self.code: int | None = code if proc is None else None
         self.changed = threading.Condition()
         if proc is not None:
             self._err = threading.Thread(target=self._read_err, daemon=True)
@@ -151,8 +200,12 @@ class LinkActor:
     """The actor on the chosen node (threaded: a read waiting for bytes must not hold up a write)."""
 
     def __init__(self) -> None:
+        import ray
+
         self._streams: dict[str, _Stream] = {}
+        self._killed: set[str] = set()
         self._lock = threading.Lock()
+        self._env = _far_env(ray.get_gpu_ids())
 
     def where(self) -> dict[str, Any]:
         import socket
@@ -161,32 +214,43 @@ class LinkActor:
 
         return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
                 "host": socket.gethostname(), "pid": os.getpid(), "python": sys.executable,
-                "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
+                "gpus": self._env.get("CUDA_VISIBLE_DEVICES")}
 
     def ping(self) -> bool:
         return True
 
     def run(self, argv: list[str], stdin: bytes | None, timeout_s: float) -> tuple[int, bytes, bytes]:
         try:
-            done = subprocess.run(_here(argv), input=stdin, capture_output=True, timeout=timeout_s,
-                                  stdin=subprocess.DEVNULL if stdin is None else None,
-                                  preexec_fn=_signals_as_usual)
-        except FileNotFoundError:
-            return 127, b"", f"{argv[0]}: command not found".encode()
-        except subprocess.TimeoutExpired:
-            return 124, b"", f"error: did not end within {timeout_s:g} s".encode()
-        return done.returncode, done.stdout, done.stderr
-
-    def open(self, argv: list[str]) -> str:
+            with _signals_as_usual():
+                proc = subprocess.Popen(_here(argv), stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self._env)
+        except OSError as exc:
+            code, err = _not_started(argv, exc)
+            return code, b"", err
         try:
-            stream = _Stream(subprocess.Popen(_here(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, preexec_fn=_signals_as_usual))
-        except FileNotFoundError:
-            stream = _Stream(None, f"{argv[0]}: command not found".encode())
-        sid = uuid.uuid4().hex
+            out, err = proc.communicate(stdin, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return 124, b"", f"error: did not end within {timeout_s:g} s".encode()
+        return proc.returncode, out, err
+
+    def open(self, sid: str, argv: list[str]) -> None:
+        """Start a streamed command under `sid`, the name this side gave it: so a stream this side stopped
+        waiting for can still be killed by it."""
+        try:
+            with _signals_as_usual():
+                stream = _Stream(subprocess.Popen(_here(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                  stderr=subprocess.PIPE, env=self._env))
+        except OSError as exc:
+            code, err = _not_started(argv, exc)
+            stream = _Stream(None, err, code)
         with self._lock:
-            self._streams[sid] = stream
-        return sid
+            killed = sid in self._killed
+            if not killed:
+                self._streams[sid] = stream
+        if killed:  # this side gave up on it before it started
+            stream.kill()
 
     def read(self, sid: str, offset: int, wait_s: float, limit: int) -> tuple[bytes, bool, int | None, bytes]:
         stream = self._streams.get(sid)
@@ -209,8 +273,18 @@ class LinkActor:
     def kill(self, sid: str) -> None:
         with self._lock:
             stream = self._streams.pop(sid, None)
+            if stream is None:
+                self._killed.add(sid)  # not open yet (or ended): an open that comes after is killed at once
         if stream is not None:
             stream.kill()
+
+
+def _not_started(argv: Sequence[str], exc: OSError) -> tuple[int, bytes]:
+    """A command that could not be started, as a shell says it: 127 for one not there, 126 for one that cannot
+    be run (a --remote-python that is not executable), with the reason."""
+    if isinstance(exc, FileNotFoundError):
+        return 127, f"{argv[0]}: command not found".encode()
+    return 126, f"{argv[0]}: {exc.strerror or exc}".encode()
 
 
 # ---- this side: the link, and a streamed command as a Popen-like object -----------------------------------------
@@ -224,8 +298,8 @@ class _StdinRelay:
     """A streamed command's stdin: each write a call on the actor, not waited for (an alive line twice a second
     must not wait on a slow link; a lost one is the next one's to make up)."""
 
-    def __init__(self, actor: Any, sid: str | None):
-        self.actor, self.sid, self.closed = actor, sid, sid is None
+    def __init__(self, actor: Any, sid: str, opened: bool = True):
+        self.actor, self.sid, self.closed = actor, sid, not opened
 
     def write(self, data: bytes) -> int:
         if self.closed:
@@ -251,11 +325,12 @@ class RayProcess:
     here fills from the actor's reads), stderr (once it ended), poll, wait, kill, returncode. LINK_FAILED when
     the actor stopped answering under it."""
 
-    def __init__(self, link: RayLink, sid: str | None):
+    def __init__(self, link: RayLink, sid: str, opened: bool = True):
         self.link, self.sid, self.actor = link, sid, link.actor  # the actor's handle, kept: close() drops the link's
+        self.opened = opened  # False: `open` got no answer in time (the command may have started there anyway)
         read_end, self._write_end = os.pipe()
         self.stdout = os.fdopen(read_end, "rb")
-        self.stdin = _StdinRelay(self.actor, sid)
+        self.stdin = _StdinRelay(self.actor, sid, opened)
         self.stderr: io.BytesIO | None = None
         self.returncode: int | None = None
         self._stopping = threading.Event()
@@ -263,9 +338,9 @@ class RayProcess:
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
-        code, err, offset = LINK_FAILED, b"", 0
+        code, err, offset, ended = LINK_FAILED, b"", 0, False
         try:
-            while self.sid is not None and not self._stopping.is_set():
+            while self.opened and not self._stopping.is_set():
                 try:
                     data, ended, status, stderr = self.link.get(
                         self.actor.read.remote(self.sid, offset, READ_WAIT_S, CHUNK),
@@ -284,6 +359,8 @@ class RayProcess:
         except OSError:  # the reader closed its end: nobody wants the rest
             code = -9
         finally:
+            if not ended:  # the command there may live on, its output held for a reader that is gone: killed
+                self._kill_there()
             os.close(self._write_end)
             self.stderr = io.BytesIO(err)
             self.returncode = code
@@ -298,12 +375,14 @@ class RayProcess:
         return self.returncode
 
     def kill(self) -> None:
-        if self._done.is_set():
-            return
-        if self.sid is not None:
-            with contextlib.suppress(Exception):
-                self.actor.kill.remote(self.sid)
+        # Even once the pump is done: a pump that ended on an error left the command there running
+        self._kill_there()
         self._stopping.set()
+
+    def _kill_there(self) -> None:
+        """The command there killed and its stream dropped, not waited for (the actor may be gone)."""
+        with contextlib.suppress(Exception):
+            self.actor.kill.remote(self.sid)
 
 
 class RayLink:
@@ -341,8 +420,10 @@ class RayLink:
     @property
     def placed_note(self) -> str:
         gpus = self.node.get("gpus")
+        shown = (f" (CUDA_VISIBLE_DEVICES={gpus})" if gpus else
+                 ' (CUDA_VISIBLE_DEVICES="", no GPU held)' if gpus == "" else "")
         return (f"placed on Ray node {self.node.get('ip')} ({self.node.get('host')}), actor {self.name} in "
-                f"namespace {NAMESPACE}, holding {self.target}" + (f" (CUDA_VISIBLE_DEVICES={gpus})" if gpus else ""))
+                f"namespace {NAMESPACE}, holding {self.target}" + shown)
 
     def start(self) -> None:
         self._join()
@@ -423,8 +504,8 @@ class RayLink:
                 raise _LinkDown("no answer")
 
     # Link's methods
-    def run(self, remote: Sequence[str], timeout_s: float = 60.0, stdin: bytes | None = None,
-            stdout=None) -> subprocess.CompletedProcess:
+    def run(self, remote: Sequence[str], timeout_s: float = 60.0,
+            stdin: bytes | None = None) -> subprocess.CompletedProcess:
         try:
             code, out, err = self.get(self.actor.run.remote(list(remote), stdin, timeout_s),
                                       timeout_s + CALL_TIMEOUT_S)
@@ -434,10 +515,11 @@ class RayLink:
         return subprocess.CompletedProcess(list(remote), code, out, err)
 
     def popen(self, remote: Sequence[str]) -> RayProcess:
+        sid = uuid.uuid4().hex  # named here: a stream whose `open` went unanswered can still be killed
         try:
-            sid = self.get(self.actor.open.remote(list(remote)), CALL_TIMEOUT_S)
+            self.get(self.actor.open.remote(sid, list(remote)), CALL_TIMEOUT_S)
         except _LinkDown:
-            sid = None  # a process that ended with LINK_FAILED at once: the controller reconnects
+            return RayProcess(self, sid, opened=False)  # ends with LINK_FAILED at once: the controller reconnects
         return RayProcess(self, sid)
 
     @property
