@@ -97,6 +97,46 @@ def test_every_image_size_is_built_in_prepare_not_in_the_send_path() -> None:
     assert set(workload.images._fields) == {(64, 32), (16, 16)}  # the send path only reads what is there
 
 
+def test_an_open_loop_level_builds_image_requests_ahead_only_up_to_its_byte_budget(monkeypatch) -> None:
+    """Synthetic images make every body megabytes of its own: past PREBUILD_BYTES the schedule's requests are built
+    as they fall due, so a long level of large images does not hold them all in memory before it starts."""
+    import asyncio
+    import time
+
+    from servelab.bench.client import StreamClient
+    from servelab.bench.loads import Recorder, Target, open_loop, run_rate
+    from servelab.calibration import Script, start_calibration_server
+
+    workload = build_options(BenchArgs(images="1", image_size="64x64", max_tokens=4)).workload
+    asyncio.run(workload.prepare(None))
+    one = workload.request(0, "m").own_bytes
+    assert one == len(workload.images.data_url(64, 64, "x")) > 64 * 64 * 3 * 4 // 3  # a data URL's base64
+    built: list[int] = []
+
+    class Timed:  # the image workload, each request's build time noted
+        def __getattr__(self, name):
+            return getattr(workload, name)
+
+        def request(self, *args, **kwargs):
+            built.append(time.perf_counter_ns())
+            return workload.request(*args, **kwargs)
+
+    monkeypatch.setattr(open_loop, "PREBUILD_BYTES", 3 * one)
+
+    async def go():
+        async with StreamClient(cal.url) as client:
+            return await run_rate(client, Timed(), Target(model="calibration"), Recorder(), rate=50,
+                                  arrival="constant", requests=8)
+
+    with start_calibration_server(Script(ttft_ms=1, itl_ms=1, output_tokens=2)) as cal:
+        records, _ = asyncio.run(go())
+    assert len(records) == 8 and all(r.ok and r.images == 1 for r in records)
+    first_send = min(r.t_send_ns for r in records)
+    assert sum(t < first_send for t in built) == 3  # three bodies of `one` bytes reach the budget
+    sends = sorted(r.t_send_ns for r in records)
+    assert all(sends[k - 1] < built[k] for k in range(3, 8))  # the rest, one by one as each fell due
+
+
 def test_file_urls_are_written_ahead_of_the_request_and_removed_when_the_bench_ends(tmp_path) -> None:
     workload = build_options(BenchArgs(images="0,2", image_size="16x16", image_url="file",
                                        image_dir=str(tmp_path))).workload

@@ -82,6 +82,9 @@ class RequestSpec:
     images: int | None = None  # chat with images: how many the request carries and their pixels, summed
     image_pixels: int | None = None
     image_sizes: str | None = None  # each image's "WxH", comma-separated ("?" where unknown)
+    # Bytes of the body held by this request alone (a synthetic image's data URL; a string shared with other
+    # requests, as a dataset image's, is not counted): what an open-loop level's prebuilt schedule holds in memory
+    own_bytes: int = 0
     # A non-streamed request (embeddings, rerank): what a right answer holds, e.g. {"kind": "embeddings",
     # "items": 4, "dimension": 576}; bench/unary_client.py sends it and checks the answer. None: a stream.
     expect: dict[str, Any] | None = None

@@ -1,10 +1,10 @@
 """Open-loop load: requests go out at scheduled times whatever the server is doing.
 
 The schedule (bench/loads/arrivals.py) is computed, and every request body due within the level's duration built,
-before the clock starts (requests of an extension past it, bench/loads/control.py, are built as they fall due). The
-sender then only sleeps until each absolute target time and hands the request to a task of its own: it never
-waits for a response, and because it sleeps until absolute targets rather than for an interval after each send,
-lateness never accumulates. Each record carries its scheduled time, so client lag (send - scheduled) shows when
+before the clock starts (requests of an extension past it, bench/loads/control.py, are built as they fall due, and
+so are those past PREBUILD_BYTES of bytes that bodies hold alone: synthetic images). The sender then only sleeps
+until each absolute target time and hands the request to a task of its own: it never waits for a response, and
+because it sleeps until absolute targets rather than for an interval after each send, lateness never accumulates. Each record carries its scheduled time, so client lag (send - scheduled) shows when
 the client, not the server, limited the load.
 
 With `max_concurrency`, a request whose time has come waits for one of that many slots (vLLM's
@@ -34,6 +34,7 @@ from servelab.records import RequestRecord
 # The clock starts this long after the schedule is ready, so the first send is not late by set-up work.
 START_LEAD_NS = 5_000_000
 LONG_WAIT_NS = 250_000_000
+PREBUILD_BYTES = 256 << 20  # a level's bodies built before its clock, past which the rest are built when due
 NS_PER_S = 1_000_000_000
 
 
@@ -55,7 +56,8 @@ async def run_rate(client: Sender, workload, target: Target, recorder: Recorder,
     offsets = schedule_ns(rate=rate, arrival=arrival, burstiness=burstiness, seed=seed, count=requests,
                           duration_s=horizon)
     planned_ns = int(duration_s * NS_PER_S) if duration_s is not None else None
-    prebuilt = [make_spec(workload, target, recorder, tag) for o in offsets if planned_ns is None or o < planned_ns]
+    due_in_duration = sum(1 for o in offsets if planned_ns is None or o < planned_ns)
+    prebuilt = prebuild(workload, target, recorder, tag, due_in_duration)
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
     async def one(spec: RequestSpec, scheduled_ns: int) -> None:
@@ -79,12 +81,28 @@ async def run_rate(client: Sender, workload, target: Target, recorder: Recorder,
             await sleep_until(due_ns - lead_ns, control)
             if not control.may_send(due_ns):
                 break
-            spec = prebuilt[k] if k < len(prebuilt) else make_spec(workload, target, recorder, tag)
+            if k < len(prebuilt):
+                spec, prebuilt[k] = prebuilt[k], None  # its task holds it now: the list need not
+            else:
+                spec = make_spec(workload, target, recorder, tag)
             control.sending(due_ns)
             level.tasks.append(asyncio.create_task(one(spec, due_ns)))
         control.end_schedule()
         await control.drain(level.tasks, client, recorder, measured)
     return measured, control.window()
+
+
+def prebuild(workload, target: Target, recorder: Recorder, tag: str, count: int) -> list[RequestSpec | None]:
+    """The first `count` requests, built before the clock starts, until the bytes they hold alone pass
+    PREBUILD_BYTES (requests with synthetic images: 600 requests of a 1024x1024 image are 2.4 GB); the rest are
+    built as they fall due, which costs the sender a copy of the image per send (in its client lag)."""
+    built: list[RequestSpec | None] = []
+    held = 0
+    while len(built) < count and held < PREBUILD_BYTES:
+        spec = make_spec(workload, target, recorder, tag)
+        held += spec.own_bytes
+        built.append(spec)
+    return built
 
 
 async def sleep_until(due_ns: int, control: LevelControl) -> None:

@@ -339,6 +339,8 @@ class ImageWorkload:
         parts += [{"type": "image_url", "image_url": {"url": url}} for url in urls]
         spec.body["messages"] = [*messages[:last], {**messages[last], "content": parts}, *messages[last + 1:]]
         spec.images, spec.image_pixels, spec.image_sizes = len(urls), pixels, sizes
+        if not self.from_dataset:  # a dataset's data URLs are one string per file, shared by every request
+            spec.own_bytes = sum(len(url) for url in urls)
         spec.input_tokens = None  # counted for the text alone: the server's count includes the images' tokens
         return spec
 
