@@ -223,3 +223,36 @@ def test_a_connection_dropped_during_the_copy_back_is_reconnected_and_the_copy_m
     assert (into / "run-1" / "summary.json").read_bytes() == \
         (far_job / "results" / "run-1" / "summary.json").read_bytes()
     assert any("dropped; reconnecting" in n for n in notes) and any(n.startswith("reconnected") for n in notes)
+
+
+def test_a_ctrl_c_right_after_the_job_started_there_stops_it_there(host, tmp_path, monkeypatch):
+    """Ctrl-C in the moment between `remote start` answering and the follow beginning (here: as the "running on"
+    line prints) is a stop the follow sends at once, not a KeyboardInterrupt that leaves the job running there."""
+    import io
+    import os
+    import signal
+
+    from rich.console import Console
+
+    from servelab.calibration import Script, start_calibration_server
+    from servelab.remote.commands import run_remote
+
+    monkeypatch.setenv("SERVELAB_SSH_CONFIG", host.env["SERVELAB_SSH_CONFIG"])
+
+    class CtrlCOnRunning(io.StringIO):
+        def write(self, text: str) -> int:
+            if "remote: running on" in text:
+                os.kill(os.getpid(), signal.SIGINT)  # the handler runs before this write returns
+            return super().write(text)
+
+    err = CtrlCOnRunning()
+    with start_calibration_server(Script(ttft_ms=5, itl_ms=5, output_tokens=8)) as cal:
+        started = time.monotonic()
+        code, job, _, _ = run_remote(host.url, ["bench", cal.url, "--mode", "concurrency", "--concurrency", "1",
+                                                "--duration", "60", "--warmup", "0", "--max-tokens", "8"],
+                                     RemoteOptions(remote_dir=str(tmp_path / "far"), grace_s=20),
+                                     Console(file=io.StringIO()), Console(file=err, width=200))
+        took = time.monotonic() - started
+    assert code == 130, err.getvalue()
+    assert took < 40, took  # stopped there at once, not after its 60 s level
+    assert "remote: running on" in err.getvalue()

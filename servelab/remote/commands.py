@@ -123,17 +123,18 @@ def run_remote(on: str, argv: Sequence[str], options: RemoteOptions, console: Co
             note(placed)
         hello(conn, options, note)
         job = RemoteJob.start(conn, options, argv, env_secrets, files)
-        note(f"running on {target} in {job.dir} (pid {job.pid})")
+        with job.interrupts_counted():  # from here a Ctrl-C is a stop the follow sends, never an escape
+            note(f"running on {target} in {job.dir} (pid {job.pid})")
 
-        def on_event(event: dict[str, Any]) -> None:
-            if event["k"] in ("out", "err"):
-                printer.line(event)
-            elif event["k"] == "launch" and view is not None:
-                engine = replay(event, view, display_host(conn))
-                if engine is not None:
-                    note(ready_note(target, engine.url, display_host(conn)))
+            def on_event(event: dict[str, Any]) -> None:
+                if event["k"] in ("out", "err"):
+                    printer.line(event)
+                elif event["k"] == "launch" and view is not None:
+                    engine = replay(event, view, display_host(conn))
+                    if engine is not None:
+                        note(ready_note(target, engine.url, display_host(conn)))
 
-        code = job.follow(on_event, note)
+            code = job.follow(on_event, note)
         if code == 130 and interrupts.received() is not None:
             code = interrupts.exit_code()  # SIGTERM or SIGHUP here: its own status, as a local run says it
         copied: list[str] = []

@@ -139,7 +139,7 @@ class RemoteJob:
     def follow(self, on_event: Callable[[dict[str, Any]], None], on_note: Callable[[str], None]) -> int:
         """Every event until the exit line; the command's exit status. Ctrl-C asks the far side to stop and keeps
         following (its results are what Ctrl-C must not lose); a second Ctrl-C asks again, which hurries it."""
-        with self._interrupts_counted():
+        with self.interrupts_counted():
             while True:
                 outcome = self._follow_once(on_event)
                 if outcome == "exit":
@@ -158,7 +158,7 @@ class RemoteJob:
                 self._reconnect(on_note)
 
     @contextlib.contextmanager
-    def _interrupts_counted(self) -> Iterator[None]:
+    def interrupts_counted(self) -> Iterator[None]:
         """Ctrl-C (and SIGTERM, SIGHUP, which interrupts.py routes to it) counted while following, not raised: a
         KeyboardInterrupt raised wherever the main thread happens to be escaped between two calls (exit 130, the
         far side never told) or, arriving while a reconnect forked ssh, was swallowed by CPython's after-fork
@@ -214,7 +214,7 @@ class RemoteJob:
                     if time.monotonic() - last_heard > (SILENT_LIMIT_S if heard else FIRST_LINE_S):
                         return "dropped"
                     continue
-                except KeyboardInterrupt:  # where interrupts are not counted (_interrupts_counted): sent above
+                except KeyboardInterrupt:  # where interrupts are not counted (interrupts_counted): sent above
                     self.stop_requested += 1
                     continue
                 if raw is None:
