@@ -82,6 +82,9 @@ def test_an_experiment_places_a_cell_on_a_ray_node_by_resources():
     experiment = Experiment.model_validate(doc)
     assert [experiment.host_of(c) for c in experiment.cells] == ["ray:GPU=8", "ray:GPU=4,accelerator_type_H100=1",
                                                                  "ssh://gpu-box"]
+    # as Ray spells it, however the file wrote it: what the cell's key and its run's ran_on name
+    spelled = Experiment.model_validate({**doc, "on": "ray: gpu=8.0 ,cpu=2"})
+    assert spelled.host_of(spelled.cells[0]) == "ray:GPU=8,CPU=2"
     # The far side runs the cell where it is: its one-cell file names no placement of its own.
     there = experiment.one_cell_there(experiment.cells[1])
     assert "on" not in there and all("on" not in c for c in there["cells"])
@@ -93,7 +96,7 @@ def test_where_a_cell_is_placed_is_part_of_what_it_is():
                                                 "cells": [{"name": "a", "url": "http://127.0.0.1:1"}]})
         return experiment.cell_key(experiment.cells[0])
 
-    assert key("ray:GPU=8") == key("ray:GPU=8")
+    assert key("ray:GPU=8") == key("ray:GPU=8") == key("ray: gpu = 8") == key("ray:GPU=8.0")
     assert len({key("ray:GPU=8"), key("ray:GPU=4"), key("ssh://gpu-box")}) == 3
 
 
@@ -109,12 +112,43 @@ def test_a_bad_on_in_an_experiment_is_an_error_of_the_file(on, words):
         Experiment.model_validate({"name": "x", "on": on, "cells": [{"name": "a", "url": "http://127.0.0.1:1"}]})
 
 
+# Records every attempt to import Ray, found or not: where Ray is not installed, `'ray' in sys.modules` would stay
+# False even for a servelab that tried (and caught the ImportError).
+_NO_RAY_IMPORT = """
+import sys
+
+tried = []
+
+
+class Recorder:
+    def find_spec(self, name, path=None, target=None):
+        if name == "ray" or name.startswith("ray."):
+            tried.append(name)
+        return None
+
+
+sys.meta_path.insert(0, Recorder())
+import servelab.cli, servelab.remote.commands, servelab.remote.placement, servelab.remote.controller
+import servelab.experiment.model
+from servelab.experiment.model import Experiment
+from servelab.remote.placement import parse_on
+
+parse_on("ray:GPU=8")
+Experiment.model_validate({"name": "x", "on": "ray:GPU=8", "cells": [{"name": "a", "url": "http://127.0.0.1:1"}]})
+print("tried:", tried)
+sys.exit(1 if tried or "ray" in sys.modules else 0)
+"""
+
+
 def test_servelab_imports_no_ray_until_a_placement_is_used():
-    code = ("import sys; import servelab.cli, servelab.remote.commands, servelab.remote.placement, "
-            "servelab.remote.controller, servelab.experiment.model; "
-            "sys.exit(1 if 'ray' in sys.modules else 0)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr or "servelab imported ray"
+    done = subprocess.run([sys.executable, "-c", _NO_RAY_IMPORT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "tried: []"
+    # and the recorder does hear an import of Ray, installed or not
+    tried = subprocess.run([sys.executable, "-c", _NO_RAY_IMPORT.replace(
+        'print("tried:"', 'import contextlib\nwith contextlib.suppress(ImportError):\n    import ray\nprint("tried:"')],
+        capture_output=True, text=True, timeout=60)
+    assert tried.returncode == 1 and "'ray'" in tried.stdout, tried.stdout + tried.stderr
 
 
 def test_a_placement_without_ray_installed_is_one_line(monkeypatch):

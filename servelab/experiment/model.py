@@ -349,12 +349,17 @@ VerifyOverrides = _overrides(VerifySettings)
 
 def _where(value: str | None) -> str | None:
     if value is not None:
-        from servelab.remote.placement import parse_on
+        from servelab.remote.placement import RayPlacement, parse_on
 
         try:
-            parse_on(value)
+            where = parse_on(value)
         except Exception as exc:  # UserError: its message names what is wrong
             raise ValueError(str(exc)) from None
+        # A Ray placement as Ray spells it (`ray: gpu = 8` is `ray:GPU=8`): one placement, one cell key and one
+        # ran_on however it was written. An ssh:// URL is kept as written, so that the keys of cells written
+        # before Ray placements existed stay what they were.
+        if isinstance(where, RayPlacement):
+            return str(where)
     return value
 
 
