@@ -16,12 +16,14 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 # Before Ray is imported, as tests/test_workers_ray.py does: the node named by the loopback address, no usage
-# statistics sent anywhere. The servelab processes the tests start inherit them.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# statistics sent anywhere; assigned, not defaulted, so that no value from the environment sends traffic off
+# 127.0.0.1. The servelab processes the tests start inherit them.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 ray = pytest.importorskip("ray")
 
@@ -37,8 +39,8 @@ from servelab.remote.ray_link import NAMESPACE, PLACE_WAIT_VAR, RayLink  # noqa:
 pytestmark = pytest.mark.slow
 
 PLACED = re.compile(r"remote: placed on Ray node (\S+) \(.*\), actor (servelab-link-\w+) in namespace servelab, "
-                    r"holding (\S+)(?: \(CUDA_VISIBLE_DEVICES=(\S+)\))?$")
-GRACE_S = 3
+                    r"holding (\S+)(?: \(CUDA_VISIBLE_DEVICES=(\S+?)(?:, no GPU held)?\))?$")
+GRACE_S = 8
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +60,7 @@ def cluster(tmp_path_factory):
         else:
             os.environ["SERVELAB_REMOTE_ROOT"] = before
     try:
+        assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}, ray.nodes()
         yield SimpleNamespace(env={**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}, far_root=root)
     finally:
         ray.shutdown()
@@ -278,4 +281,69 @@ def test_the_link_carries_stdin_and_a_stream_larger_than_a_read_whole_and_in_ord
         assert proc.wait(30) == 0 and proc.stderr.read() == b"done"
     expected = b"".join(hashlib.sha256(str(i).encode()).digest() for i in range(100000))
     assert len(received) == 3_200_000 and received == expected  # three full reads and a part, none lost or doubled
+    assert gpus_free_again()
+
+
+SECRET = "sk-test-SECRET0123456789abcdef"
+
+
+def _everything_ray_recorded() -> str:
+    """The cluster's job and actor tables as the GCS holds them (what the dashboard and `ray list jobs` /
+    `ray list actors` show; the state API's server is the dashboard, which this cluster runs without)."""
+    from ray._private import state
+
+    return repr(state.jobs()) + repr(state.actors())
+
+
+def test_an_api_key_on_the_command_line_is_not_in_ray_s_job_or_actor_tables(cluster, tmp_path):
+    with start_calibration_server(Script(ttft_ms=5, itl_ms=2, output_tokens=8)) as cal:
+        for placed in (["--on", "ray:GPU=8", "--remote-dir", str(tmp_path / "far")],
+                       ["--workers", "1", "--ray", "auto"]):
+            code, bench = run(["bench", cal.url, "--api-key", SECRET, "--mode", "concurrency", "--concurrency", "1",
+                               "--requests", "2", "--warmup", "0", "--max-tokens", "8", "--tokenizer", "none",
+                               "--out", str(tmp_path / "local"), *placed], cluster.env, tmp_path, timeout=180)
+            assert code == 0, bench.stdout + bench.stderr
+    recorded = _everything_ray_recorded()
+    # both drivers are there, by their command lines with the key hidden
+    assert recorded.count("--api-key ***") >= 2, recorded[-3000:]
+    assert SECRET not in recorded and "SECRET0123" not in recorded
+    assert gpus_free_again()
+
+
+def test_the_far_side_s_processes_get_the_node_s_environment_not_ray_s_and_no_gpu_unless_held(cluster):
+    import sys
+
+    show = "import json, os; print(json.dumps(dict(os.environ)))"
+    with RayLink.open(RayPlacement.parse("ray:GPU=2")) as link:  # CPU 0: Ray sets OMP_NUM_THREADS=1 for it
+        env = json.loads(link.run([sys.executable, "-c", show]).stdout)
+        # what the raylet, started with the user's environment, has: Ray's worker bookkeeping is not in it
+        (raylet,) = [p for p in psutil.Process().children(recursive=True) if p.name() == "raylet"]
+        node = raylet.environ()
+        assert env.get("OMP_NUM_THREADS") == node.get("OMP_NUM_THREADS")
+        assert env.get("PYTHONBREAKPOINT") == node.get("PYTHONBREAKPOINT")
+        rays = {k: v for k, v in env.items() if k.startswith("RAY_")}
+        assert rays == {k: v for k, v in node.items() if k.startswith("RAY_")}
+        assert "RAY_RAYLET_PID" not in env and "RAY_JOB_ID" not in env
+        assert env["SERVELAB_REMOTE_ROOT"] == str(cluster.far_root)  # the node's own environment is kept
+        assert len(env["CUDA_VISIBLE_DEVICES"].split(",")) == 2
+    with RayLink.open(RayPlacement.parse("ray:CPU=1")) as link:
+        assert link.placed_note.endswith('holding ray:CPU=1 (CUDA_VISIBLE_DEVICES="", no GPU held)')
+        env = json.loads(link.run([sys.executable, "-c", show]).stdout)
+        assert env["CUDA_VISIBLE_DEVICES"] == ""
+        streamed = link.popen([sys.executable, "-c", "import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']))"])
+        streamed.stdin.close()
+        assert streamed.stdout.read() == b"''\n" and streamed.wait(30) == 0
+    assert gpus_free_again()
+
+
+def test_a_remote_python_that_cannot_be_run_is_one_true_line_not_a_dropped_link(cluster, tmp_path):
+    python = tmp_path / "python3"
+    python.write_text("#!/bin/sh\n")  # not executable
+    started = time.monotonic()
+    code, bench = run(["bench", "http://127.0.0.1:9", "--on", "ray:GPU=1", "--remote-python", str(python),
+                       "--out", str(tmp_path)], cluster.env, tmp_path, timeout=120)
+    assert code != 0, bench.stdout + bench.stderr
+    assert "Permission denied" in bench.stderr and "ray::" not in bench.stderr, bench.stderr
+    no_traceback(bench.stderr)
+    assert time.monotonic() - started < 60  # not a reconnect for the grace period and more
     assert gpus_free_again()

@@ -11,9 +11,10 @@ import pytest
 # Before Ray is imported (it reads them then), and inherited by every process of its cluster: name the node by
 # the loopback address rather than the NIC's, so that the actors dial the coordinator on 127.0.0.1 (tests send
 # packets to 127.0.0.1 and ::1 only, and the netguard refuses the rest: the variable's name says Windows and OSX,
-# where Ray does this by default, but it holds on Linux too); and no usage statistics sent anywhere.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# where Ray does this by default, but it holds on Linux too); and no usage statistics sent anywhere. Assigned, not
+# defaulted: a value from the environment must not send traffic off 127.0.0.1.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 ray = pytest.importorskip("ray")
 
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.slow
 def cluster():
     ray.init(num_cpus=3, include_dashboard=False, logging_level="ERROR")
     try:
+        assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}, ray.nodes()
         yield ray.nodes()
     finally:
         ray.shutdown()
