@@ -222,10 +222,11 @@ def test_the_far_side_s_environment_is_the_user_s_not_ray_s_bookkeeping(monkeypa
     monkeypatch.setenv("RAY_JOB_ID", "01000000")
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # the user's: the raylet has it too
     monkeypatch.setenv("HF_HOME", "/models/hf")
+    monkeypatch.setenv("PYTHONBREAKPOINT", "ray.util.rpdb.set_trace")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(ray_link, "_node_environ", lambda: {"RAY_USAGE_STATS_ENABLED": "0", "HF_HOME": "/x"})
     env = ray_link._far_env([])
-    assert "OMP_NUM_THREADS" not in env and "RAY_JOB_ID" not in env
+    assert "OMP_NUM_THREADS" not in env and "RAY_JOB_ID" not in env and "PYTHONBREAKPOINT" not in env
     assert env["RAY_USAGE_STATS_ENABLED"] == "0" and env["HF_HOME"] == "/models/hf"
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # no GPU held: none seen
     # OMP_NUM_THREADS the user started the node with is theirs; GPUs Ray gave are left as Ray set them
@@ -240,3 +241,22 @@ def test_the_placed_note_says_when_no_gpu_is_held(link):
     assert link.placed_note.endswith('holding ray:GPU=1 (CUDA_VISIBLE_DEVICES="", no GPU held)')
     link.node["gpus"] = "0,1"
     assert link.placed_note.endswith("holding ray:GPU=1 (CUDA_VISIBLE_DEVICES=0,1)")
+
+
+def test_first_line_of_what_ray_raised_is_what_went_wrong_not_its_header():
+    from servelab.ray_support import first_line
+
+    assert first_line(ValueError("no cluster\nsecond line")) == "ValueError: no cluster"
+    exceptions = pytest.importorskip("ray.exceptions")
+    cause = PermissionError(13, "Permission denied")
+    task = exceptions.RayTaskError("LinkActor.run", "Traceback (most recent call last):\n  ...\nPermissionError: "
+                                   "[Errno 13] Permission denied", cause, proctitle="ray::LinkActor.run", pid=12,
+                                   ip="127.0.0.1")
+    header = str(task).splitlines()[0]  # Ray's header, which says nothing of what went wrong
+    assert "ray::LinkActor.run()" in header and "(pid=12, ip=127.0.0.1)" in header
+    assert first_line(task) == "PermissionError: [Errno 13] Permission denied"
+    assert first_line(task.as_instanceof_cause()) == "PermissionError: [Errno 13] Permission denied"
+    died = exceptions.RayActorError(error_msg="The actor died unexpectedly before finishing this task.\n"
+                                              "\tclass_name: LinkActor\n\tpid: 12\n"
+                                              "The actor is dead because it was killed by `ray.kill`.\n")
+    assert first_line(died) == "RayActorError: The actor is dead because it was killed by `ray.kill`."
