@@ -10,7 +10,7 @@ reads ssh's stdout.
 
 Why an actor and not a Ray task or job: the actor is the reservation. Ray counts the GPUs it holds as taken for
 as long as it lives, and gives the command's processes the ones it chose (CUDA_VISIBLE_DEVICES, which they
-inherit). So when the actor is gone (killed, its node lost, this side's driver dead, which takes its actors with
+inherit; empty when it holds none). Their environment is otherwise the node's, not the one Ray gives its workers. So when the actor is gone (killed, its node lost, this side's driver dead, which takes its actors with
 it) the job there hears no controller any more, since only the actor relayed the alive lines, and its watchdog
 stops the engine once the grace period is over, as over SSH. The controller does not place a new actor then: the
 GPUs the old one held are Ray's again, and something else may have them by now.
@@ -35,9 +35,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from servelab.errors import UserError
+from servelab.ray_support import first_line, import_ray, join
 from servelab.remote.link import LINK_FAILED
-from servelab.ray_support import first_line
-from servelab.ray_support import import_ray, join
 from servelab.remote.placement import RayPlacement
 
 NAMESPACE = "servelab"  # the actors' namespace: `ray list actors` shows them as servelab-link-…
@@ -80,9 +79,12 @@ def _signals_as_usual() -> Iterator[None]:
 
 # What Ray sets in its workers' environments for Ray's own sake, and not for the commands the actor starts: the
 # engine and bench there are to run as over SSH. OMP_NUM_THREADS=1 is Ray's for a worker holding no CPU (the
-# actor's default), which would make a CPU engine single-threaded; RAY_* are its workers' bookkeeping.
-_RAYS_OWN = ("OMP_NUM_THREADS",)
+# actor's default), which would make a CPU engine single-threaded; PYTHONBREAKPOINT (Ray's debugger), SPT_NOENV
+# (its process titles) and RAY_* (RAY_JOB_ID, RAY_RAYLET_PID, ...) are its workers' bookkeeping.
+_RAYS_OWN = ("OMP_NUM_THREADS", "PYTHONBREAKPOINT", "SPT_NOENV")
 _RAYS_PREFIX = "RAY_"
+# Where the raylet's environment cannot be read: the ones Ray is known to add for a worker.
+_RAYS_WORKER_ONLY = {"RAY_JOB_ID", "RAY_RAYLET_PID", "SPT_NOENV"}
 
 
 def _node_environ() -> dict[str, str] | None:
@@ -100,21 +102,21 @@ def _node_environ() -> dict[str, str] | None:
 
 
 def _far_env(gpu_ids: Sequence[Any]) -> dict[str, str]:
-    """The environment of the processes the actor starts: its own, but what Ray added for its workers (kept where
-    the raylet had it too, so the user's); CUDA_VISIBLE_DEVICES as Ray gave it, and empty when the actor holds no
-    GPU (Ray leaves it unset then, and an engine would see every GPU of the node while holding none)."""
+    """The environment of the processes the actor starts: its own, less what Ray set for its workers (each put
+    back as the node's raylet, the actor's parent, had it: the environment the user started Ray with);
+    CUDA_VISIBLE_DEVICES as Ray gave it, and empty when the actor holds no GPU (Ray leaves it unset then, and an
+    engine would see every GPU of the node while holding none)."""
     env = dict(os.environ)
     node = _node_environ()
-    for key in list(env):
-        if key in _RAYS_OWN or key.startswith(_RAYS_PREFIX):
-            if node is None:
-                if key in _RAYS_OWN and env[key] == "1" or key.startswith(_RAYS_PREFIX) and key != "RAY_ADDRESS":
-                    del env[key]
-            elif node.get(key) != env[key]:
-                if key in node:
-                    env[key] = node[key]
-                else:
-                    del env[key]
+    for key in [k for k in env if k in _RAYS_OWN or k.startswith(_RAYS_PREFIX)]:
+        if node is None:
+            if (key in _RAYS_WORKER_ONLY or key == "OMP_NUM_THREADS" and env[key] == "1"
+                    or key == "PYTHONBREAKPOINT" and env[key].startswith("ray.")):
+                del env[key]
+        elif key not in node:
+            del env[key]
+        else:
+            env[key] = node[key]
     if not gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
