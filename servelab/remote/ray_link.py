@@ -10,7 +10,8 @@ reads ssh's stdout.
 
 Why an actor and not a Ray task or job: the actor is the reservation. Ray counts the GPUs it holds as taken for
 as long as it lives, and gives the command's processes the ones it chose (CUDA_VISIBLE_DEVICES, which they
-inherit; empty when it holds none). Their environment is otherwise the node's, not the one Ray gives its workers. So when the actor is gone (killed, its node lost, this side's driver dead, which takes its actors with
+inherit; empty when it holds none; their environment is otherwise the node's, not the one Ray gives its
+workers). So when the actor is gone (killed, its node lost, this side's driver dead, which takes its actors with
 it) the job there hears no controller any more, since only the actor relayed the alive lines, and its watchdog
 stops the engine once the grace period is over, as over SSH. The controller does not place a new actor then: the
 GPUs the old one held are Ray's again, and something else may have them by now.
