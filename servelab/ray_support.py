@@ -9,7 +9,6 @@ Imported only once Ray is wanted: `import servelab` never imports Ray.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import sys
 import threading
@@ -137,7 +136,3 @@ def unreachable(address: str) -> str | None:
     except OSError as exc:
         return f"nothing answers at {resolved} ({exc.strerror or exc})"
     return None
-
-
-def default_address() -> str:
-    return os.environ.get("RAY_ADDRESS") or "auto"
