@@ -382,6 +382,11 @@ class Cell(EngineSpec):
     # experiment's `on`, else here. A `url` is then as that host sees it. (`host` is EngineSpec's: the interface
     # the engine binds.)
     on: OnWhere = None
+    # With `on:`: an interpreter there that has servelab (default `servelab` on its PATH), and the root of its job
+    # directories (default ~/.servelab/remote), as --remote-python and --remote-dir; None: the experiment's.
+    # How the cell is reached, not what it measures: outside its cell key.
+    remote_python: str | None = Field(None, min_length=1)
+    remote_dir: str | None = Field(None, min_length=1)
     bench: BenchOverrides = Field(default_factory=BenchOverrides)  # type: ignore[valid-type]
     verify: VerifyOverrides = Field(default_factory=VerifyOverrides)  # type: ignore[valid-type]
 
@@ -406,6 +411,10 @@ class Cell(EngineSpec):
         if self.engine is None:
             return None
         return EngineSpec(**self.model_dump(include=set(EngineSpec.model_fields)))
+
+
+# Where a cell runs and how it is reached there: not sent to the far side, which runs the cell where it is
+REACHED_BY = {"on", "remote_python", "remote_dir"}
 
 
 class Experiment(Strict):
@@ -435,16 +444,22 @@ class Experiment(Strict):
     baselines: dict[str, dict[str, float]] = Field(default_factory=dict)
     # Where cells run unless they say otherwise: ssh://[user@]host[:port], ray:GPU=8…, or None for here.
     on: OnWhere = None
+    remote_python: str | None = Field(None, min_length=1)  # every remote cell's, unless it names its own
+    remote_dir: str | None = Field(None, min_length=1)
     cells: list[Cell] = Field(min_length=1)
 
 
     def host_of(self, cell: Cell) -> str | None:
         return cell.on or self.on
 
+    def reached_by(self, cell: Cell) -> tuple[str | None, str | None]:
+        """(remote_python, remote_dir) for a cell run elsewhere: its own, else the experiment's."""
+        return cell.remote_python or self.remote_python, cell.remote_dir or self.remote_dir
+
     def one_cell_there(self, cell: Cell) -> dict[str, Any]:
         """The experiment file the far side runs for `cell`: this one with that cell alone, run where it is."""
-        doc = self.model_dump(mode="json", exclude={"cells", "on", "baseline", "baselines"})
-        doc["cells"] = [cell.model_dump(mode="json", exclude={"on"}, exclude_none=True)]
+        doc = self.model_dump(mode="json", exclude={"cells", *REACHED_BY, "baseline", "baselines"})
+        doc["cells"] = [cell.model_dump(mode="json", exclude=REACHED_BY, exclude_none=True)]
         return doc
 
     @model_validator(mode="after")
@@ -459,6 +474,11 @@ class Experiment(Strict):
             raise ValueError(f"'{sorted(clash)[0]}' names both a cell and a literal baseline")
         if self.baseline is not None and self.baseline not in seen | set(self.baselines):
             raise ValueError(f"baseline '{self.baseline}' is neither a cell nor a key of `baselines`")
+        for cell in self.cells:
+            given = [name for name in ("remote_python", "remote_dir") if getattr(cell, name) is not None]
+            if given and self.host_of(cell) is None:
+                raise ValueError(f"cell '{cell.name}' sets {given[0]} but runs here: it applies to a cell with "
+                                 f"`on:` (its own or the experiment's)")
         return self
 
     def bench_for(self, cell: Cell) -> BenchSettings:
@@ -474,7 +494,7 @@ class Experiment(Strict):
         bench = self.bench_for(cell).model_dump()
         if bench["steps"] is None:  # the default steps keep the keys of files written before steps existed
             del bench["steps"]
-        doc = {"cell": cell.model_dump(exclude={"bench", "verify", "on"}), "bench": bench,
+        doc = {"cell": cell.model_dump(exclude={"bench", "verify", *REACHED_BY}), "bench": bench,
                "verify": self.verify_for(cell).model_dump(), "ready_timeout_s": self.ready_timeout_s}
         if self.trials > 1:  # one trial keeps the keys of files written before trials existed
             doc["trials"] = self.trials

@@ -217,9 +217,12 @@ def _run(experiment: Experiment, options: ExperimentOptions, store: StoreWrites,
         host = experiment.host_of(cell)
         if host is not None:  # the same cell, run by servelab on that host (its trials there, back to back)
             from servelab.remote.cell import RemoteCellSession
+            from servelab.remote.controller import RemoteOptions
 
+            python, root = experiment.reached_by(cell)
             sessions[cell.name] = (seq, key, RemoteCellSession(plan, experiment.one_cell_there(cell), host,
-                                                               console))
+                                                               console, RemoteOptions(remote_python=python,
+                                                                                      remote_dir=root)))
         else:
             sessions[cell.name] = (seq, key, CellSession(plan, console))
     interrupted = False
