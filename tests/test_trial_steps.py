@@ -67,8 +67,9 @@ def test_a_cells_key_is_unchanged_without_steps() -> None:
 
     exp = Experiment(name="x", cells=[{"name": "a", "url": "http://127.0.0.1:1"}])
     cell = exp.cells[0]
-    # the key as it was computed before steps (and before cells had `on`, which a cell here leaves out)
-    before = {"cell": cell.model_dump(exclude={"bench", "verify", "on"}),
+    # the key as it was computed before steps (and before cells had `on`, `remote_python` and `remote_dir`, which
+    # did not exist then and are no part of a key now)
+    before = {"cell": cell.model_dump(exclude={"bench", "verify", "on", "remote_python", "remote_dir"}),
               "bench": exp.bench_for(cell).model_dump(exclude={"steps"}), "verify": exp.verify_for(cell).model_dump(),
               "ready_timeout_s": exp.ready_timeout_s}
     assert exp.cell_key(cell) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
