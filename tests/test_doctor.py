@@ -71,18 +71,31 @@ def wait_until_reading(proc: subprocess.Popen, timeout_s: float = 60) -> None:
 
 
 def wait_until_still(proc: subprocess.Popen, still_s: float = 0.5, timeout_s: float = 60) -> None:
-    """Until the replay has read nothing for `still_s`: it reached its hang (a fixed sleep is not enough on a busy
-    machine, where a replay still short of it reads on into doctor's window and is rightly called loading)."""
+    """Until the replay's tree has read nothing and spent no CPU time for `still_s`: it reached its hang (a fixed
+    sleep is not enough on a busy machine, where a replay still short of it reads or computes on into doctor's
+    window and is rightly called loading)."""
+    def counters() -> tuple[int, float]:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        reads, cpu = 0, 0.0
+        for p in tree:
+            try:
+                reads += p.io_counters().read_chars
+                times = p.cpu_times()
+                cpu += times.user + times.system
+            except psutil.NoSuchProcess:
+                pass
+        return reads, round(cpu, 2)
+
     deadline = time.monotonic() + timeout_s
-    last, since = psutil.Process(proc.pid).io_counters().read_chars, time.monotonic()
+    last, since = counters(), time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.05)
-        now = psutil.Process(proc.pid).io_counters().read_chars
+        now = counters()
         if now != last:
             last, since = now, time.monotonic()
         elif time.monotonic() - since >= still_s:
             return
-    raise AssertionError("the replay never stopped reading its weights")
+    raise AssertionError("the replay never stopped reading its weights and computing")
 
 
 def doctor_cli(*args: str) -> subprocess.CompletedProcess:

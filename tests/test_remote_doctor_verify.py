@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
 
 from remote_support import PY, SERVELAB, Run, no_traceback
-from test_doctor import replay, stop, wait_until_reading
+from test_doctor import replay, stop, wait_until_reading, wait_until_still
 
 
 @pytest.fixture
@@ -47,7 +46,7 @@ def test_doctor_there_gives_the_verdict_and_exit_status_doctor_gives_here(ssh_ho
         proc = replay(tmp_path, speed=speed, variant=variant, log=tmp_path / "engine.log")
         wait_until_reading(proc)
         if subject == "stalled":
-            time.sleep(1.0)  # hung at 40 % of the weights, about 0.6 s in
+            wait_until_still(proc)  # hung at 40 % of the weights, about 0.6 s in on a quiet machine
         args = ["doctor", "--pid", str(proc.pid), "--seconds", "2"]
         want, want_code = subject, 0 if subject == "loading" else 1
         (here_code, here_out), there = here_and_there(ssh_host, tmp_path, [*args, "--json"])
