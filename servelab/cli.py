@@ -41,8 +41,8 @@ ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="SERVELAB_
 # --on: the same command, run by servelab on another host over SSH, or on a Ray node (servelab/remote/).
 OnOpt = Annotated[Optional[str], typer.Option(
     "--on", help="Run it on another host: ssh://[user@]host[:port] (your ~/.ssh/config, agent and known_hosts "
-                 "apply), or a Ray node that has the resources named, held while it runs: ray:GPU=8 or ray:GPU=8,CPU=4 "
-                 "(the cluster of RAY_ADDRESS, else this host's). servelab must be installed there.",
+                 "apply), or a Ray node that has the resources named, held while it runs: ray:GPU=8 or "
+                 "ray:GPU=8,CPU=4 (the cluster of RAY_ADDRESS, else this host's). servelab must be installed there.",
     metavar="SSH_URL|ray:RES=N")]
 RemotePythonOpt = Annotated[Optional[str], typer.Option(
     "--remote-python", help="With --on: an interpreter on that host that has servelab (default: `servelab` on "
@@ -289,7 +289,8 @@ def bench_cmd(
                                    "each answer's whole text (about 2x the bytes).")] = False,
     on: Annotated[Optional[str], typer.Option(
         "--on", help="Run the client on another host, next to the server (the network between you and it stays "
-                     "out of the figures): ssh://[user@]host[:port], or a Ray node by resources, ray:GPU=8 or ray:GPU=8,CPU=4. "
+                     "out of the figures): ssh://[user@]host[:port], or a Ray node by resources, ray:GPU=8 or "
+                     "ray:GPU=8,CPU=4. "
                      "URL is as that host sees it; the results come back into --out (default runs) and the "
                      "store here.", metavar="SSH_URL|ray:RES=N")] = None,
     remote_python: RemotePythonOpt = None,

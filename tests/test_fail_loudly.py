@@ -56,8 +56,8 @@ def refusing():
 
 def test_a_sweep_against_a_server_that_answers_501_exits_1_and_names_the_error(http_server, tmp_path: Path) -> None:
     t0 = time.monotonic()
-    proc = subprocess.run([*SERVELAB, "bench", http_server, "--mode", "sweep", "--duration", "3", "--model", "x", "--warmup", "0",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*SERVELAB, "bench", http_server, "--mode", "sweep", "--duration", "3", "--model", "x",
+                           "--warmup", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     took = time.monotonic() - t0
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr

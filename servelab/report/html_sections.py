@@ -9,7 +9,8 @@ from servelab.compare.compare import Comparison, fmt_ratio
 from servelab.compare.run_data import RunData
 from servelab.report.compare_terminal import image_cells, number
 from servelab.report.tables import human_bytes
-from servelab.report.terminal import COUNTED_BY_WORDS, figure_label, fmt, gpu_reason, sent_cell, sig, sizes_cell
+from servelab.report.terminal import (COUNTED_BY_WORDS, figure_label, fmt, gpu_reason, image_group_cells, sent_cell,
+                                      sig, sizes_cell)
 from servelab.textsafe import visible
 
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise", "no interval": "warn",
@@ -245,9 +246,7 @@ def images_tables(run: RunData) -> str:
         for s in step.result.levels:
             if not s.images:
                 continue
-            rows = [[e(g.images), e(sizes_cell(g.sizes)), e(fmt(g.megapixels, 3)), e(g.requests), e(g.failed),
-                     e(fmt(g.prompt_tokens_mean, 0)), e(fmt(g.ttft_ms.p50 if g.ttft_ms else None, 0)),
-                     e(fmt(g.ttft_ms.p99 if g.ttft_ms else None, 0))] for g in s.images]
+            rows = [[e(cell) for cell in image_group_cells(g)] for g in s.images]
             parts.append(f"<h4 class=\"images\">{e(s.tag)} <span class=\"dim\">({e(step.name)})</span>: by image "
                          f"count and size</h4>" + _table(
                              ["images", "sizes", "MP per request", "ok", "failed", "prompt tokens (mean)",

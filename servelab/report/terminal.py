@@ -413,13 +413,22 @@ def render_images(console: Console, levels: list[Summary]) -> None:
     for s in levels:
         if not s.images:
             continue
-        rows = [[str(g.images), inert(sizes_cell(g.sizes)), fmt(g.megapixels, 3), str(g.requests), str(g.failed),
-                 fmt(g.prompt_tokens_mean, 0), fmt(g.ttft_ms.p50 if g.ttft_ms else None, 0),
-                 fmt(g.ttft_ms.p99 if g.ttft_ms else None, 0)]
-                for g in s.images]
+        rows = []
+        for g in s.images:
+            row: list = image_group_cells(g)
+            row[1] = inert(row[1])  # the sizes column, printed inert as before
+            rows.append(row)
         print_table(console, f"{s.tag}: by image count and size",
                     [key_col("images"), Col("sizes"), Col("MP per\nrequest"), Col("ok"), Col("failed"),
                      Col("prompt\ntokens"), Col("TTFT\nms p50"), Col("TTFT\nms p99")], rows)
+
+
+def image_group_cells(g) -> list[str]:
+    """One image group as the terminal and the HTML report show it: images, sizes, MP per request, ok, failed,
+    prompt tokens (mean), TTFT ms p50 and p99."""
+    return [str(g.images), sizes_cell(g.sizes), fmt(g.megapixels, 3), str(g.requests), str(g.failed),
+            fmt(g.prompt_tokens_mean, 0), fmt(g.ttft_ms.p50 if g.ttft_ms else None, 0),
+            fmt(g.ttft_ms.p99 if g.ttft_ms else None, 0)]
 
 
 def sizes_cell(sizes: str | None) -> str:

@@ -4,8 +4,9 @@ The schedule (bench/loads/arrivals.py) is computed, and every request body due w
 before the clock starts (requests of an extension past it, bench/loads/control.py, are built as they fall due, and
 so are those past PREBUILD_BYTES of bytes that bodies hold alone: synthetic images). The sender then only sleeps
 until each absolute target time and hands the request to a task of its own: it never waits for a response, and
-because it sleeps until absolute targets rather than for an interval after each send, lateness never accumulates. Each record carries its scheduled time, so client lag (send - scheduled) shows when
-the client, not the server, limited the load.
+because it sleeps until absolute targets rather than for an interval after each send, lateness never accumulates.
+Each record carries its scheduled time, so client lag (send - scheduled) shows when the client, not the server,
+limited the load.
 
 With `max_concurrency`, a request whose time has come waits for one of that many slots (vLLM's
 `--max-concurrency` with a request rate); its lag then includes that wait, which is the cap doing its job.
